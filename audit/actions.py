@@ -1,0 +1,34 @@
+"""The registry of audit action names. ``audit.record`` refuses a name that is not here, so the
+vocabulary stays small, greppable and documented."""
+
+ACTIONS: dict[str, str] = {
+    # identity and tenancy
+    "org.create": "An organisation was created",
+    "org.update": "Organisation settings changed",
+    "user.create": "A user was created in an organisation",
+    "org_member.update": "An organisation role changed",
+    "token.create": "An API token was issued",
+    "token.revoke": "An API token was revoked",
+    "workspace.create": "A workspace was created",
+    "workspace.update": "Workspace settings changed",
+    "workspace.archive": "A workspace was archived",
+    "member.add": "A workspace role was granted",
+    "member.update": "A workspace role changed",
+    "member.remove": "A workspace role was revoked",
+    # jobs
+    "template.create": "A job template was created",
+    "template.update": "A job template got a new version",
+    "template.archive": "A job template was archived",
+    "job.submit": "A job was submitted",
+    "job.approve": "A job was approved",
+    "job.reject": "A job was rejected",
+    "job.cancel": "A job was cancelled",
+    "job.transition": "A job changed state",
+    "compute_target.create": "A compute target was created",
+    "compute_target.update": "A compute target changed",
+    "compute_target.delete": "A compute target was deleted",
+}
+
+
+def is_registered(action: str) -> bool:
+    return action in ACTIONS

@@ -1,0 +1,36 @@
+"""The Celery app. Broker from ``CELERY_BROKER_URL``: Redis in production and tests, kombu's
+filesystem transport under ``var/`` (no server) by default."""
+
+import os
+from pathlib import Path
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+app = Celery("manta")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+
+
+def _filesystem_broker_options(var_dir: Path) -> dict:
+    queue = var_dir / "broker" / "queue"
+    processed = var_dir / "broker" / "processed"
+    for folder in (queue, processed):
+        folder.mkdir(parents=True, exist_ok=True)
+    return {
+        "data_folder_in": str(queue),
+        "data_folder_out": str(queue),
+        "processed_folder": str(processed),
+        "store_processed": False,
+    }
+
+
+@app.on_configure.connect
+def _configure_broker(sender: Celery, **_: object) -> None:
+    from django.conf import settings
+
+    if sender.conf.broker_url.startswith("filesystem://"):
+        sender.conf.broker_transport_options = _filesystem_broker_options(settings.VAR_DIR)
+
+
+app.autodiscover_tasks()

@@ -1,0 +1,79 @@
+"""The launcher contract: how one job attempt becomes a running Ray job, and goes away again.
+
+Three implementations exist (``local``, ``ray``, ``kuberay``). Every method is safe to call twice
+and from a different process than the one that launched: all a launcher needs to find its cluster
+again is the ``handle`` dict it returned from :meth:`Launcher.launch`, which the caller stores on
+the attempt row (so a Celery worker killed mid-job can be replaced and the new one carries on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+# Ray job statuses (ray.job_submission.JobStatus values) as plain strings.
+RAY_PENDING = "PENDING"
+RAY_RUNNING = "RUNNING"
+RAY_SUCCEEDED = "SUCCEEDED"
+RAY_FAILED = "FAILED"
+RAY_STOPPED = "STOPPED"
+RAY_TERMINAL = frozenset({RAY_SUCCEEDED, RAY_FAILED, RAY_STOPPED})
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchRequest:
+    """Everything a launcher needs to start one attempt of a job.
+
+    ``spec`` is the job's resolved spec (see ``jobs/spec.py``)::
+
+        {"image": "rayproject/ray:2.60.0", "entrypoint": "python main.py",
+         "runtime_env": {"pip": [...], "env_vars": {...}, "working_dir": "..."},
+         "head": {"cpu": 0, "memory_gb": 2, "gpu": 0},
+         "worker_groups": [{"name": "workers", "replicas": 1, "min_replicas": 0, "max_replicas": 4,
+                            "cpu": 1, "memory_gb": 1, "gpu": 0, "resources": {"TPU": 1}}],
+         "max_runtime_seconds": 3600, "max_retries": 0, "priority": 5,
+         "ttl_seconds_after_finished": 300}
+    """
+
+    submission_id: str  # the attempt id; also the Ray job's submission_id (idempotent submit)
+    cluster_name: str  # DNS-safe, unique per attempt, e.g. "manta-acme-ml-42-1"
+    spec: dict[str, Any]
+    labels: dict[str, str]  # org / workspace / job ids, e.g. {"manta.dev/org": "acme", ...}
+    target_config: dict[str, Any]  # the compute target's config (secrets already decrypted)
+
+
+@dataclasses.dataclass(frozen=True)
+class RayJobState:
+    """What Ray says about a submitted job."""
+
+    status: str  # one of the RAY_* constants
+    message: str = ""
+    exit_code: int | None = None
+
+
+class LaunchError(Exception):
+    """The cluster or the submission could not be brought up; the attempt fails with it."""
+
+
+class Launcher(Protocol):
+    kind: str
+
+    def plan(self, request: LaunchRequest) -> dict[str, Any]:
+        """What launch() would start, as JSON-able data, without starting anything."""
+
+    def launch(self, request: LaunchRequest) -> dict[str, Any]:
+        """Start the cluster (if this kind has one) and submit the entrypoint; return the handle.
+
+        Idempotent: called again for the same submission_id it adopts what already exists and
+        never runs the entrypoint twice.
+        """
+
+    def status(self, handle: dict[str, Any]) -> RayJobState:
+        """The Ray job's current status. Raises LaunchError when the cluster is unreachable."""
+
+    def logs(self, handle: dict[str, Any], *, tail: int | None = None) -> str:
+        """The driver log so far (the last ``tail`` lines when given)."""
+
+    def stop(self, handle: dict[str, Any]) -> None:
+        """Stop the Ray job and tear down whatever launch() started. Idempotent, never raises for
+        something that is already gone."""

@@ -1,0 +1,91 @@
+"""The reusable tenant/role matrix.
+
+Every endpoint is listed once with the principals allowed to call it. For each endpoint the matrix
+checks: no credentials → 401; a user of another organisation → 404; an org member who cannot see
+the workspace → 404; a role without the permission → 403; each permitted role succeeds and leaves
+exactly the expected audit event (with the caller as actor and the response's request id). Later
+apps add their endpoints to their own lists and reuse :func:`check_case`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from audit.models import AuditEvent
+
+IN_ORG = ("owner", "org_admin", "member", "ws_admin", "developer", "viewer")
+WS_VISIBLE = ("owner", "org_admin", "ws_admin", "developer", "viewer")
+ORG_ADMINS = ("owner", "org_admin")
+WS_ADMINS = ("owner", "org_admin", "ws_admin")
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    method: str
+    path: str  # may use {org}, {ws} and any key that ``params`` returns
+    allowed: tuple[str, ...]
+    status: int = 200
+    body: dict[str, Any] | Callable[[Any], dict[str, Any]] | None = None
+    audit: str | None = None  # the action a successful call records
+    ws_scoped: bool = True
+    params: Callable[[Any], dict[str, Any]] | None = None  # extra path values from the world
+
+    def url(self, world) -> str:
+        values = {"org": world.org.slug, "ws": world.ws.slug}
+        if self.params:
+            values.update(self.params(world))
+        return self.path.format(**values)
+
+    def payload(self, world) -> dict[str, Any] | None:
+        return self.body(world) if callable(self.body) else self.body
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def call(client, case: Case, world):
+    method = getattr(client, case.method.lower())
+    return method(case.url(world), data=case.payload(world), format="json")
+
+
+def expected_status(case: Case, who: str | None) -> int:
+    if who is None:
+        return 401
+    if who == "foreign":
+        return 404
+    if case.ws_scoped and who not in WS_VISIBLE:
+        return 404
+    if who not in case.allowed:
+        return 403
+    return case.status
+
+
+def check_case(world, case: Case, who: str | None) -> None:
+    before = AuditEvent.objects.count()
+    last_id = AuditEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
+    response = call(world.client(who), case, world)
+    expected = expected_status(case, who)
+    assert response.status_code == expected, (
+        case.name,
+        who,
+        response.status_code,
+        response.content,
+    )
+    if expected >= 400:
+        body = response.json()
+        assert set(body) >= {"type", "detail", "errors"}, body
+        assert AuditEvent.objects.count() == before, "a refused call must change nothing"
+        return
+    new = list(AuditEvent.objects.filter(id__gt=last_id))
+    if case.audit is None:
+        assert new == [], f"{case.name}: a read must not write audit events: {new}"
+        return
+    assert [event.action for event in new] == [case.audit], (case.name, new)
+    event = new[0]
+    assert event.actor_id == world.users[who].pk
+    assert event.actor_type == "token"
+    assert event.request_id == response["X-Request-ID"]
+    assert event.organization_id == world.org.pk

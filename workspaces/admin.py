@@ -1,0 +1,182 @@
+"""The admin panel, for org owners and admins: each sees and edits only the organisations they
+administer. Every write goes through the same services as the API, so it is validated and audited
+the same way (the actor is the admin's user)."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+
+from audit.context import Actor
+from config.errors import DomainError
+
+from . import services
+from .models import Organization, OrgMembership, OrgRole, Workspace, WorkspaceMembership
+
+
+def administered_org_ids(user) -> list[int]:
+    cached = getattr(user, "_administered_org_ids", None)
+    if cached is None:
+        cached = list(
+            OrgMembership.objects.filter(
+                user=user, role__in=[OrgRole.OWNER, OrgRole.ADMIN]
+            ).values_list("organization_id", flat=True)
+        )
+        user._administered_org_ids = cached
+    return cached
+
+
+class OrgScopedAdmin(admin.ModelAdmin):
+    """Rows are visible and editable only inside the orgs the user administers.
+    ``org_field`` is the lookup from the model to its organisation id."""
+
+    org_field = "organization_id"
+    readonly_always: tuple[str, ...] = ()
+
+    def _allowed(self, request, obj=None) -> bool:
+        if not request.user.is_active or not request.user.is_staff:
+            return False
+        if request.user.is_superuser:
+            return True
+        orgs = administered_org_ids(request.user)
+        if obj is None:
+            return bool(orgs)
+        return self.org_of(obj) in orgs
+
+    def org_of(self, obj) -> int:
+        value = obj
+        for part in self.org_field.split("__"):
+            value = getattr(value, part)
+        return value
+
+    def get_queryset(self, request) -> QuerySet:
+        qs = super().get_queryset(request)
+        if request.user.is_superuser:
+            return qs
+        return qs.filter(**{f"{self.org_field}__in": administered_org_ids(request.user)})
+
+    def has_module_permission(self, request):
+        return self._allowed(request)
+
+    def has_view_permission(self, request, obj=None):
+        return self._allowed(request, obj)
+
+    def has_change_permission(self, request, obj=None):
+        return self._allowed(request, obj)
+
+    def has_add_permission(self, request):
+        return self._allowed(request)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # nothing is hard-deleted from the panel; archive instead
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "organization" and not request.user.is_superuser:
+            kwargs["queryset"] = Organization.objects.filter(
+                pk__in=administered_org_ids(request.user)
+            )
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def run_service(self, request, call) -> bool:
+        try:
+            call(Actor.for_user(request.user))
+        except DomainError as exc:
+            self.message_user(request, f"{exc.detail} {exc.errors or ''}", level=messages.ERROR)
+            return False
+        return True
+
+
+@admin.register(Organization)
+class OrganizationAdmin(OrgScopedAdmin):
+    org_field = "pk"
+    list_display = ["slug", "name", "created_at"]
+    fields = ["slug", "name", "allowed_image_prefixes"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["slug"] if obj else []
+
+    def has_add_permission(self, request):
+        return request.user.is_superuser
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            data = {name: form.cleaned_data[name] for name in form.changed_data}
+            self.run_service(
+                request,
+                lambda actor: services.org_update(actor=actor, organization=obj, data=data),
+            )
+        else:
+
+            def create(actor):
+                org, _ = services.org_create(
+                    actor=actor, slug=obj.slug, name=obj.name, owner_email=request.user.email
+                )
+                obj.pk = org.pk
+
+            self.run_service(request, create)
+
+
+class WorkspaceMembershipInline(admin.TabularInline):
+    model = WorkspaceMembership
+    extra = 0
+    fields = ["user", "role", "created_at"]
+    readonly_fields = ["user", "role", "created_at"]
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Workspace)
+class WorkspaceAdmin(OrgScopedAdmin):
+    list_display = ["slug", "name", "organization", "approval_policy", "archived_at"]
+    list_filter = ["approval_policy"]
+    search_fields = ["slug", "name"]
+    inlines = [WorkspaceMembershipInline]
+    fields = [
+        "organization",
+        "slug",
+        "name",
+        "description",
+        "approval_policy",
+        "approval_thresholds",
+        "compute_target",
+        "archived_at",
+    ]
+    actions = ["archive"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["organization", "slug", "archived_at"] if obj else ["archived_at"]
+
+    def has_add_permission(self, request):
+        return False  # workspaces are created through the API, which sets up their role groups
+
+    def save_model(self, request, obj, form, change):
+        data = {name: form.cleaned_data[name] for name in form.changed_data}
+        self.run_service(
+            request, lambda actor: services.workspace_update(actor=actor, workspace=obj, data=data)
+        )
+
+    def save_related(self, request, form, formsets, change):
+        pass  # the inline is read-only; role grants go through the members API
+
+    @admin.action(description="Archive selected workspaces")
+    def archive(self, request, queryset):
+        for workspace in queryset:
+            self.run_service(
+                request,
+                lambda actor, ws=workspace: services.workspace_archive(actor=actor, workspace=ws),
+            )
+
+
+@admin.register(OrgMembership)
+class OrgMembershipAdmin(OrgScopedAdmin):
+    list_display = ["user", "organization", "role", "created_at"]
+    list_filter = ["role"]
+    search_fields = ["user__email"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -1,0 +1,30 @@
+from django.urls import path
+
+from . import views
+
+ORG = "orgs/<slug:org>/"
+WS = ORG + "workspaces/<slug:ws>/"
+
+urlpatterns = [
+    path("auth/tokens/", views.TokenViewSet.as_view({"get": "list", "post": "create"})),
+    path("auth/tokens/<int:pk>/", views.TokenViewSet.as_view({"delete": "destroy"})),
+    path("me/", views.MeView.as_view()),
+    path("orgs/", views.OrgListView.as_view({"get": "list"})),
+    path(ORG, views.OrgViewSet.as_view({"get": "retrieve", "patch": "partial_update"})),
+    path(ORG + "users/", views.OrgUserViewSet.as_view({"get": "list", "post": "create"})),
+    path(
+        ORG + "workspaces/",
+        views.WorkspaceListViewSet.as_view({"get": "list", "post": "create"}),
+    ),
+    path(
+        WS,
+        views.WorkspaceDetailViewSet.as_view(
+            {"get": "retrieve", "patch": "partial_update", "delete": "destroy"}
+        ),
+    ),
+    path(WS + "members/", views.MemberViewSet.as_view({"get": "list", "post": "create"})),
+    path(
+        WS + "members/<int:pk>/",
+        views.MemberViewSet.as_view({"patch": "partial_update", "delete": "destroy"}),
+    ),
+]

@@ -1,0 +1,303 @@
+"""Identity and tenancy endpoints. Views only translate: parse, call one service, render."""
+
+from django.contrib.auth import authenticate
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
+from rest_framework import exceptions, mixins, status, viewsets
+from rest_framework.permissions import AllowAny, IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from audit.context import Actor
+from workspaces import roles, selectors, services
+from workspaces.models import (
+    ApiToken,
+    Organization,
+    OrgMembership,
+    Workspace,
+    WorkspaceMembership,
+)
+
+from . import serializers as s
+from .tenancy import TenantViewSet, WorkspaceViewSet
+
+
+class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Personal access tokens. Create with email + password; list and revoke with a token."""
+
+    serializer_class = s.TokenOutput
+    queryset = ApiToken.objects.none()
+
+    def get_permissions(self):
+        return [AllowAny()] if self.action == "create" else [IsAuthenticated()]
+
+    def get_authenticators(self):
+        # Creating a token needs only the credentials in the body; a stale Authorization header
+        # must not get in the way.
+        if self.request is not None and self.request.method == "POST":
+            return []
+        return super().get_authenticators()
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return ApiToken.objects.none()
+        return selectors.tokens_of(self.request.user)
+
+    @extend_schema(
+        operation_id="auth_token_create",
+        request=s.TokenCreateInput,
+        responses={201: s.TokenCreatedOutput},
+        auth=[],
+        examples=[
+            OpenApiExample(
+                "Issue a token",
+                value={
+                    "email": "dev@acme.test",
+                    "password": "…",
+                    "name": "ci",
+                    "expires_in_days": 30,
+                },
+                request_only=True,
+            )
+        ],
+    )
+    def create(self, request):
+        data = s.TokenCreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = authenticate(
+            request, email=data.validated_data["email"], password=data.validated_data["password"]
+        )
+        if user is None:
+            raise exceptions.AuthenticationFailed("invalid email or password")
+        token, secret = services.token_create(
+            actor=Actor.for_user(user),
+            user=user,
+            name=data.validated_data["name"],
+            expires_in_days=data.validated_data["expires_in_days"],
+        )
+        token.token = secret
+        return Response(s.TokenCreatedOutput(token).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(operation_id="auth_token_list")
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(operation_id="auth_token_revoke", responses={204: None})
+    def destroy(self, request, pk=None):
+        token = self.get_queryset().filter(pk=pk).first()
+        if token is None:
+            raise exceptions.NotFound("No such token.")
+        services.token_revoke(actor=Actor.from_request(request), token=token)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class MeView(APIView):
+    @extend_schema(operation_id="me_retrieve", responses=s.MeOutput)
+    def get(self, request):
+        memberships = OrgMembership.objects.filter(user=request.user).select_related("organization")
+        body = {
+            "id": request.user.pk,
+            "email": request.user.email,
+            "full_name": request.user.full_name,
+            "organizations": [
+                {"slug": m.organization.slug, "name": m.organization.name, "role": m.role}
+                for m in memberships.order_by("organization_id")
+            ],
+            "notification_preferences": request.user.notification_preferences,
+        }
+        return Response(s.MeOutput(body).data)
+
+
+class OrgListView(mixins.ListModelMixin, viewsets.GenericViewSet):
+    serializer_class = s.OrgOutput
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Organization.objects.none()
+        return selectors.orgs_visible_to(self.request.user)
+
+    def get_serializer_context(self):
+        context = super().get_serializer_context()
+        if self.request and self.request.user.is_authenticated:
+            context["roles"] = dict(
+                OrgMembership.objects.filter(user=self.request.user).values_list(
+                    "organization_id", "role"
+                )
+            )
+        return context
+
+    @extend_schema(operation_id="orgs_list")
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+
+class OrgViewSet(TenantViewSet):
+    serializer_class = s.OrgOutput
+    permission_map = {"retrieve": roles.ORG_VIEW, "partial_update": roles.ORG_MANAGE}
+
+    def _render(self, org):
+        return s.OrgOutput(org, context={"roles": {org.pk: self.org_membership.role}}).data
+
+    @extend_schema(operation_id="org_retrieve")
+    def retrieve(self, request, org=None):
+        return Response(self._render(self.organization))
+
+    @extend_schema(operation_id="org_update", request=s.OrgUpdateInput, responses=s.OrgOutput)
+    def partial_update(self, request, org=None):
+        data = s.OrgUpdateInput(data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        updated = services.org_update(
+            actor=self.actor, organization=self.organization, data=data.validated_data
+        )
+        return Response(self._render(updated))
+
+
+class OrgUserViewSet(TenantViewSet):
+    serializer_class = s.OrgUserOutput
+    queryset = OrgMembership.objects.none()
+    permission_map = {"list": roles.ORG_MANAGE_USERS, "create": roles.ORG_MANAGE_USERS}
+
+    def scoped_queryset(self):
+        return selectors.org_users(self.organization)
+
+    @extend_schema(operation_id="org_users_list")
+    def list(self, request, org=None):
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(s.OrgUserOutput(page, many=True).data)
+
+    @extend_schema(
+        operation_id="org_users_create",
+        request=s.OrgUserCreateInput,
+        responses={201: s.OrgUserOutput},
+    )
+    def create(self, request, org=None):
+        data = s.OrgUserCreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = services.user_create_in_org(
+            actor=self.actor, organization=self.organization, **data.validated_data
+        )
+        return Response(s.OrgUserOutput(membership).data, status=status.HTTP_201_CREATED)
+
+
+class WorkspaceListViewSet(TenantViewSet):
+    serializer_class = s.WorkspaceOutput
+    queryset = Workspace.objects.none()
+    permission_map = {"list": roles.ORG_VIEW, "create": roles.ORG_MANAGE_WORKSPACES}
+
+    def scoped_queryset(self):
+        include = self.request.query_params.get("include_archived") in ("1", "true")
+        return selectors.workspaces_visible_to(
+            self.request.user, self.org_membership, include_archived=include
+        )
+
+    @extend_schema(
+        operation_id="workspaces_list",
+        parameters=[OpenApiParameter("include_archived", bool, description="Also archived ones")],
+    )
+    def list(self, request, org=None):
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(s.WorkspaceOutput(page, many=True).data)
+
+    @extend_schema(
+        operation_id="workspaces_create",
+        request=s.WorkspaceCreateInput,
+        responses={201: s.WorkspaceOutput},
+        examples=[
+            OpenApiExample(
+                "Create a workspace",
+                value={"slug": "ml-research", "name": "ML research", "description": "Team A"},
+                request_only=True,
+            )
+        ],
+    )
+    def create(self, request, org=None):
+        data = s.WorkspaceCreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        workspace = services.workspace_create(
+            actor=self.actor, organization=self.organization, **data.validated_data
+        )
+        return Response(s.WorkspaceOutput(workspace).data, status=status.HTTP_201_CREATED)
+
+
+class WorkspaceDetailViewSet(WorkspaceViewSet):
+    serializer_class = s.WorkspaceOutput
+    permission_map = {
+        "retrieve": roles.WS_VIEW,
+        "partial_update": roles.WS_MANAGE,
+        "destroy": roles.ORG_MANAGE_WORKSPACES,
+    }
+
+    @extend_schema(operation_id="workspace_retrieve")
+    def retrieve(self, request, org=None, ws=None):
+        return Response(s.WorkspaceOutput(self.workspace).data)
+
+    @extend_schema(
+        operation_id="workspace_update", request=s.WorkspaceUpdateInput, responses=s.WorkspaceOutput
+    )
+    def partial_update(self, request, org=None, ws=None):
+        data = s.WorkspaceUpdateInput(data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        workspace = services.workspace_update(
+            actor=self.actor, workspace=self.workspace, data=data.validated_data
+        )
+        return Response(s.WorkspaceOutput(workspace).data)
+
+    @extend_schema(operation_id="workspace_archive", responses={204: None})
+    def destroy(self, request, org=None, ws=None):
+        services.workspace_archive(actor=self.actor, workspace=self.workspace)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class MemberViewSet(WorkspaceViewSet):
+    serializer_class = s.MemberOutput
+    queryset = WorkspaceMembership.objects.none()
+    permission_map = {
+        "list": roles.WS_VIEW,
+        "create": roles.WS_MANAGE_MEMBERS,
+        "partial_update": roles.WS_MANAGE_MEMBERS,
+        "destroy": roles.WS_MANAGE_MEMBERS,
+    }
+
+    def scoped_queryset(self):
+        return selectors.workspace_members(self.workspace)
+
+    def _membership(self, pk) -> WorkspaceMembership:
+        membership = self.get_queryset().filter(pk=pk).first()
+        if membership is None:
+            raise exceptions.NotFound("No such member.")
+        return membership
+
+    @extend_schema(operation_id="workspace_members_list")
+    def list(self, request, org=None, ws=None):
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(s.MemberOutput(page, many=True).data)
+
+    @extend_schema(
+        operation_id="workspace_members_create",
+        request=s.MemberCreateInput,
+        responses={201: s.MemberOutput},
+    )
+    def create(self, request, org=None, ws=None):
+        data = s.MemberCreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = services.member_add(
+            actor=self.actor, workspace=self.workspace, **data.validated_data
+        )
+        return Response(s.MemberOutput(membership).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        operation_id="workspace_members_update",
+        request=s.MemberUpdateInput,
+        responses=s.MemberOutput,
+    )
+    def partial_update(self, request, org=None, ws=None, pk=None):
+        data = s.MemberUpdateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = services.member_update(
+            actor=self.actor, membership=self._membership(pk), role=data.validated_data["role"]
+        )
+        return Response(s.MemberOutput(membership).data)
+
+    @extend_schema(operation_id="workspace_members_remove", responses={204: None})
+    def destroy(self, request, org=None, ws=None, pk=None):
+        services.member_remove(actor=self.actor, membership=self._membership(pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)

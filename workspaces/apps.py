@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class WorkspacesConfig(AppConfig):
+    name = "workspaces"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import authentication  # noqa: F401  (registers the OpenAPI auth scheme)

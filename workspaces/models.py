@@ -1,0 +1,209 @@
+"""Identity and tenancy: users, organisations, workspaces, memberships and API tokens.
+
+Writes go through ``workspaces/services.py``; nothing here changes more than its own row.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.base_user import AbstractBaseUser, BaseUserManager
+from django.contrib.auth.models import Group, PermissionsMixin
+from django.core.validators import RegexValidator
+from django.db import models
+from django.utils import timezone
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$",
+    "Use 1-40 lowercase letters, digits and hyphens, starting and ending with a letter or digit.",
+)
+
+
+class UserManager(BaseUserManager["User"]):
+    use_in_migrations = True
+
+    def create_user(self, email: str, password: str | None = None, **extra) -> User:
+        if not email:
+            raise ValueError("email is required")
+        user = self.model(email=self.normalize_email(email).lower(), **extra)
+        user.set_password(password)
+        user.save(using=self._db)
+        return user
+
+    def create_superuser(self, email: str, password: str | None = None, **extra) -> User:
+        extra.update(is_staff=True, is_superuser=True)
+        return self.create_user(email, password, **extra)
+
+
+class User(AbstractBaseUser, PermissionsMixin):
+    """A person. The email is the login; it is stored lower-cased."""
+
+    email = models.EmailField(unique=True)
+    full_name = models.CharField(max_length=200, blank=True)
+    is_active = models.BooleanField(default=True)
+    # Staff = may open the admin panel; services keep it equal to "administers some org".
+    is_staff = models.BooleanField(default=False)
+    date_joined = models.DateTimeField(default=timezone.now)
+    notification_preferences = models.JSONField(default=dict, blank=True)
+
+    objects = UserManager()
+
+    USERNAME_FIELD = "email"
+    EMAIL_FIELD = "email"
+    REQUIRED_FIELDS: list[str] = []
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.email
+
+
+class Organization(models.Model):
+    slug = models.SlugField(max_length=40, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=200)
+    # Image policy: a template's image must start with one of these.
+    allowed_image_prefixes = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class OrgRole(models.TextChoices):
+    OWNER = "owner"
+    ADMIN = "admin"
+    MEMBER = "member"
+
+
+class OrgMembership(models.Model):
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="memberships"
+    )
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="org_memberships")
+    role = models.CharField(max_length=16, choices=OrgRole.choices, default=OrgRole.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "user"], name="uniq_org_member"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.organization} ({self.role})"
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role in (OrgRole.OWNER, OrgRole.ADMIN)
+
+
+class ApprovalPolicy(models.TextChoices):
+    AUTO = "auto"
+    ALWAYS = "always"
+    THRESHOLD = "threshold"
+
+
+class Workspace(models.Model):
+    organization = models.ForeignKey(
+        Organization, on_delete=models.PROTECT, related_name="workspaces"
+    )
+    slug = models.SlugField(max_length=40, validators=[slug_validator])
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True, max_length=2000)
+    approval_policy = models.CharField(
+        max_length=16, choices=ApprovalPolicy.choices, default=ApprovalPolicy.AUTO
+    )
+    # {"gpu": 1, "cpu": 16, "memory_gb": 64, "max_runtime_seconds": 3600}: above any → approval.
+    approval_thresholds = models.JSONField(default=dict, blank=True)
+    compute_target = models.CharField(max_length=64, default="local")
+    archived_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "slug"], name="uniq_workspace_slug"),
+        ]
+        # Object permissions held through django-guardian (see workspaces/roles.py).
+        permissions = [
+            ("manage_workspace", "Edit and archive the workspace"),
+            ("manage_members", "Grant and revoke workspace roles"),
+            ("manage_templates", "Create and edit job templates"),
+            ("submit_job", "Submit jobs"),
+            ("cancel_own_job", "Cancel one's own jobs"),
+            ("cancel_any_job", "Cancel anyone's jobs"),
+            ("approve_job", "Approve or reject jobs"),
+            ("manage_webhooks", "Manage workspace webhook endpoints"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.organization.slug}/{self.slug}"
+
+
+class WorkspaceRole(models.TextChoices):
+    ADMIN = "admin"
+    DEVELOPER = "developer"
+    VIEWER = "viewer"
+
+
+class WorkspaceMembership(models.Model):
+    """A role grant. The user is also in the workspace's guardian group for that role, which is
+    what permission checks read; services keep the two in step."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="workspace_memberships")
+    role = models.CharField(max_length=16, choices=WorkspaceRole.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "user"], name="uniq_workspace_member"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.workspace} ({self.role})"
+
+
+class WorkspaceRoleGroup(models.Model):
+    """The guardian group that carries one role's permissions on one workspace."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="role_groups")
+    role = models.CharField(max_length=16, choices=WorkspaceRole.choices)
+    group = models.OneToOneField(Group, on_delete=models.CASCADE, related_name="workspace_role")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "role"], name="uniq_workspace_role_group"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workspace} {self.role}"
+
+
+class ApiToken(models.Model):
+    """A personal access token. Only the SHA-256 of the secret is stored: the secret is 256 random
+    bits, so a slow password hash would add latency to every request and no security."""
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=12)  # the first characters, to recognise a token
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"
+
+    def is_usable(self, now=None) -> bool:
+        now = now or timezone.now()
+        if self.revoked_at is not None:
+            return False
+        return self.expires_at is None or self.expires_at > now

@@ -1,0 +1,79 @@
+"""Reads, always scoped to what a principal may see."""
+
+from __future__ import annotations
+
+from django.contrib.contenttypes.models import ContentType
+from django.db.models import QuerySet
+from guardian.models import GroupObjectPermission
+
+from .models import ApiToken, Organization, OrgMembership, User, Workspace, WorkspaceMembership
+from .roles import (
+    CODENAMES,
+    ORG_ROLE_PERMISSIONS,
+    ORG_ROLES_ADMINISTERING_WORKSPACES,
+    PERMISSION_BY_CODENAME,
+)
+
+
+def orgs_visible_to(user: User) -> QuerySet[Organization]:
+    return Organization.objects.filter(memberships__user=user).order_by("id")
+
+
+def org_membership(user: User, org_slug: str) -> OrgMembership | None:
+    return (
+        OrgMembership.objects.select_related("organization")
+        .filter(user=user, organization__slug=org_slug)
+        .first()
+    )
+
+
+def org_permissions(membership: OrgMembership) -> frozenset[str]:
+    return ORG_ROLE_PERMISSIONS[membership.role]
+
+
+def workspace_permissions(
+    user: User, workspace: Workspace, membership: OrgMembership
+) -> frozenset[str]:
+    """The workspace permissions ``user`` holds: all of them for an org owner/admin, otherwise
+    those of the guardian groups the user is in for this workspace (one indexed query)."""
+    if membership.role in ORG_ROLES_ADMINISTERING_WORKSPACES:
+        return frozenset(CODENAMES)
+    codenames = GroupObjectPermission.objects.filter(
+        group__user=user,
+        content_type=ContentType.objects.get_for_model(Workspace),
+        object_pk=str(workspace.pk),
+    ).values_list("permission__codename", flat=True)
+    return frozenset(PERMISSION_BY_CODENAME[c] for c in codenames if c in PERMISSION_BY_CODENAME)
+
+
+def workspaces_visible_to(
+    user: User, membership: OrgMembership, *, include_archived: bool = False
+) -> QuerySet[Workspace]:
+    qs = Workspace.objects.filter(organization=membership.organization).select_related(
+        "organization"
+    )
+    if membership.role not in ORG_ROLES_ADMINISTERING_WORKSPACES:
+        qs = qs.filter(memberships__user=user)
+    if not include_archived:
+        qs = qs.filter(archived_at__isnull=True)
+    return qs.order_by("id")
+
+
+def workspace_members(workspace: Workspace) -> QuerySet[WorkspaceMembership]:
+    return (
+        WorkspaceMembership.objects.filter(workspace=workspace)
+        .select_related("user")
+        .order_by("id")
+    )
+
+
+def org_users(organization: Organization) -> QuerySet[OrgMembership]:
+    return (
+        OrgMembership.objects.filter(organization=organization)
+        .select_related("user")
+        .order_by("id")
+    )
+
+
+def tokens_of(user: User) -> QuerySet[ApiToken]:
+    return ApiToken.objects.filter(user=user).order_by("id")

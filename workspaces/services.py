@@ -1,0 +1,386 @@
+"""Every write to identity and tenancy. Each function validates, changes rows, and records its audit
+event in the same transaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import secrets
+from typing import Any
+
+from django.contrib.auth.models import Group
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from guardian.shortcuts import assign_perm
+
+from audit import services as audit
+from audit.context import Actor
+from config.errors import Conflict, InvalidInput
+
+from .models import (
+    ApiToken,
+    Organization,
+    OrgMembership,
+    OrgRole,
+    User,
+    Workspace,
+    WorkspaceMembership,
+    WorkspaceRole,
+    WorkspaceRoleGroup,
+)
+from .roles import CODENAMES, WORKSPACE_ROLE_PERMISSIONS
+
+TOKEN_PREFIX = "mnt_"
+DEFAULT_IMAGE_PREFIXES = ["rayproject/"]
+
+
+# --- users and organisations -------------------------------------------------------------------
+
+
+def _check_password(password: str, user: User | None = None) -> None:
+    try:
+        validate_password(password, user)
+    except DjangoValidationError as exc:
+        message = "password: " + " ".join(exc.messages)
+        raise InvalidInput(message, errors={"password": exc.messages}) from exc
+
+
+def _sync_staff(user: User) -> None:
+    """Staff (admin panel access) follows "administers at least one org"; superusers keep it."""
+    administers = user.org_memberships.filter(role__in=[OrgRole.OWNER, OrgRole.ADMIN]).exists()
+    is_staff = administers or user.is_superuser
+    if user.is_staff != is_staff:
+        user.is_staff = is_staff
+        user.save(update_fields=["is_staff"])
+
+
+@transaction.atomic
+def org_create(
+    *,
+    actor: Actor,
+    slug: str,
+    name: str,
+    owner_email: str,
+    owner_password: str | None = None,
+) -> tuple[Organization, User]:
+    """Create an organisation and make ``owner_email`` its owner (creating the user if needed)."""
+    if Organization.objects.filter(slug=slug).exists():
+        raise Conflict(f"organisation {slug!r} already exists", errors={"slug": ["already taken"]})
+    org = Organization(slug=slug, name=name or slug, allowed_image_prefixes=DEFAULT_IMAGE_PREFIXES)
+    org.full_clean()
+    org.save()
+    owner = User.objects.filter(email__iexact=owner_email).first()
+    if owner is None:
+        if owner_password:
+            _check_password(owner_password)
+        owner = User.objects.create_user(owner_email, owner_password)
+    OrgMembership.objects.create(organization=org, user=owner, role=OrgRole.OWNER)
+    _sync_staff(owner)
+    audit.record(
+        actor=actor,
+        action="org.create",
+        target=org,
+        organization=org,
+        metadata={"owner": owner.email},
+    )
+    return org, owner
+
+
+ORG_EDITABLE = ["name", "allowed_image_prefixes"]
+
+
+@transaction.atomic
+def org_update(*, actor: Actor, organization: Organization, data: dict[str, Any]) -> Organization:
+    org = Organization.objects.select_for_update().get(pk=organization.pk)
+    before = audit.snapshot(org, ORG_EDITABLE)
+    for field in ORG_EDITABLE:
+        if field in data:
+            setattr(org, field, data[field])
+    changes = audit.diff(org, before, ORG_EDITABLE)
+    if changes:
+        org.full_clean()
+        org.save(update_fields=list(changes))
+        audit.record(
+            actor=actor, action="org.update", target=org, organization=org, changes=changes
+        )
+    return org
+
+
+@transaction.atomic
+def user_create_in_org(
+    *,
+    actor: Actor,
+    organization: Organization,
+    email: str,
+    password: str,
+    org_role: str = OrgRole.MEMBER,
+    full_name: str = "",
+) -> OrgMembership:
+    """Create a user (or adopt an existing one by email) as a member of ``organization``."""
+    if org_role == OrgRole.OWNER and not _is_owner(actor, organization):
+        raise InvalidInput.on("org_role", "only an owner can create another owner")
+    user = User.objects.filter(email__iexact=email).first()
+    if user is None:
+        _check_password(password)
+        user = User.objects.create_user(email, password, full_name=full_name)
+    elif OrgMembership.objects.filter(organization=organization, user=user).exists():
+        raise Conflict(
+            f"{user.email} is already a member of {organization.slug}",
+            errors={"email": ["already a member of this organisation"]},
+        )
+    membership = OrgMembership.objects.create(organization=organization, user=user, role=org_role)
+    _sync_staff(user)
+    audit.record(
+        actor=actor,
+        action="user.create",
+        target=user,
+        organization=organization,
+        changes={"org_role": [None, org_role]},
+    )
+    return membership
+
+
+def _is_owner(actor: Actor, organization: Organization) -> bool:
+    return OrgMembership.objects.filter(
+        organization=organization, user_id=actor.user_id, role=OrgRole.OWNER
+    ).exists()
+
+
+# --- API tokens --------------------------------------------------------------------------------
+
+
+def token_hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@transaction.atomic
+def token_create(
+    *, actor: Actor, user: User, name: str = "", expires_in_days: int | None = None
+) -> tuple[ApiToken, str]:
+    """Issue a token; the secret is returned once and never stored."""
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    expires_at = timezone.now() + dt.timedelta(days=expires_in_days) if expires_in_days else None
+    token = ApiToken.objects.create(
+        user=user,
+        name=name,
+        prefix=secret[: len(TOKEN_PREFIX) + 6],
+        key_hash=token_hash(secret),
+        expires_at=expires_at,
+    )
+    audit.record(
+        actor=actor,
+        action="token.create",
+        target=token,
+        target_repr=f"{token.prefix}… {name}".strip(),
+        metadata={"expires_at": expires_at},
+    )
+    return token, secret
+
+
+@transaction.atomic
+def token_revoke(*, actor: Actor, token: ApiToken) -> ApiToken:
+    token = ApiToken.objects.select_for_update().get(pk=token.pk)
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        audit.record(
+            actor=actor,
+            action="token.revoke",
+            target=token,
+            target_repr=f"{token.prefix}… {token.name}".strip(),
+        )
+    return token
+
+
+LAST_USED_RESOLUTION = dt.timedelta(seconds=60)
+
+
+def token_authenticate(secret: str) -> ApiToken | None:
+    """The usable token for ``secret``, or None. Marks it used (at most once a minute, so a busy
+    client does not turn every read into a write)."""
+    if not secret.startswith(TOKEN_PREFIX):
+        return None
+    token = ApiToken.objects.select_related("user").filter(key_hash=token_hash(secret)).first()
+    now = timezone.now()
+    if token is None or not token.is_usable(now) or not token.user.is_active:
+        return None
+    if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    return token
+
+
+# --- workspaces --------------------------------------------------------------------------------
+
+
+def _role_groups_create(workspace: Workspace) -> None:
+    for role, permissions in WORKSPACE_ROLE_PERMISSIONS.items():
+        group = Group.objects.create(name=f"ws-{workspace.pk}-{role}")
+        WorkspaceRoleGroup.objects.create(workspace=workspace, role=role, group=group)
+        for permission in permissions:
+            assign_perm(f"workspaces.{CODENAMES[permission]}", group, workspace)
+
+
+@transaction.atomic
+def workspace_create(
+    *, actor: Actor, organization: Organization, slug: str, name: str = "", description: str = ""
+) -> Workspace:
+    if Workspace.objects.filter(organization=organization, slug=slug).exists():
+        raise Conflict(
+            f"workspace {slug!r} already exists in {organization.slug}",
+            errors={"slug": ["already taken in this organisation"]},
+        )
+    workspace = Workspace(
+        organization=organization, slug=slug, name=name or slug, description=description
+    )
+    workspace.full_clean()
+    try:
+        with transaction.atomic():
+            workspace.save()
+    except IntegrityError as exc:  # a concurrent create won the slug
+        raise Conflict(f"workspace {slug!r} already exists", errors={"slug": ["taken"]}) from exc
+    _role_groups_create(workspace)
+    audit.record(
+        actor=actor,
+        action="workspace.create",
+        target=workspace,
+        workspace=workspace,
+        changes={"slug": [None, slug], "name": [None, workspace.name]},
+    )
+    return workspace
+
+
+WORKSPACE_EDITABLE = [
+    "name",
+    "description",
+    "approval_policy",
+    "approval_thresholds",
+    "compute_target",
+]
+
+
+@transaction.atomic
+def workspace_update(*, actor: Actor, workspace: Workspace, data: dict[str, Any]) -> Workspace:
+    ws = Workspace.objects.select_for_update().select_related("organization").get(pk=workspace.pk)
+    if ws.archived_at is not None:
+        raise Conflict("the workspace is archived", errors={})
+    before = audit.snapshot(ws, WORKSPACE_EDITABLE)
+    for field in WORKSPACE_EDITABLE:
+        if field in data:
+            setattr(ws, field, data[field])
+    changes = audit.diff(ws, before, WORKSPACE_EDITABLE)
+    if changes:
+        ws.full_clean()
+        ws.save(update_fields=list(changes))
+        audit.record(
+            actor=actor, action="workspace.update", target=ws, workspace=ws, changes=changes
+        )
+    return ws
+
+
+@transaction.atomic
+def workspace_archive(*, actor: Actor, workspace: Workspace) -> Workspace:
+    ws = Workspace.objects.select_for_update().select_related("organization").get(pk=workspace.pk)
+    if ws.archived_at is None:
+        ws.archived_at = timezone.now()
+        ws.save(update_fields=["archived_at"])
+        audit.record(
+            actor=actor,
+            action="workspace.archive",
+            target=ws,
+            workspace=ws,
+            changes={"archived_at": [None, ws.archived_at]},
+        )
+    return ws
+
+
+# --- workspace members -------------------------------------------------------------------------
+
+
+def _role_group(workspace: Workspace, role: str) -> Group:
+    return (
+        WorkspaceRoleGroup.objects.select_related("group").get(workspace=workspace, role=role).group
+    )
+
+
+def _set_group(membership: WorkspaceMembership, old_role: str | None) -> None:
+    if old_role:
+        membership.user.groups.remove(_role_group(membership.workspace, old_role))
+    if membership.role:
+        membership.user.groups.add(_role_group(membership.workspace, membership.role))
+
+
+@transaction.atomic
+def member_add(*, actor: Actor, workspace: Workspace, email: str, role: str) -> WorkspaceMembership:
+    """Grant ``role`` on ``workspace`` to a member of the workspace's organisation."""
+    if role not in WorkspaceRole.values:
+        raise InvalidInput.on("role", f"must be one of {', '.join(WorkspaceRole.values)}")
+    user = User.objects.filter(
+        email__iexact=email, org_memberships__organization_id=workspace.organization_id
+    ).first()
+    if user is None:
+        raise InvalidInput.on("email", "no member of this organisation has this email")
+    if WorkspaceMembership.objects.filter(workspace=workspace, user=user).exists():
+        raise Conflict(
+            f"{user.email} already has a role in this workspace",
+            errors={"email": ["already a member; change the role with PATCH"]},
+        )
+    membership = WorkspaceMembership.objects.create(workspace=workspace, user=user, role=role)
+    _set_group(membership, None)
+    audit.record(
+        actor=actor,
+        action="member.add",
+        target=membership,
+        workspace=workspace,
+        changes={"role": [None, role]},
+        metadata={"user": user.email},
+    )
+    return membership
+
+
+@transaction.atomic
+def member_update(
+    *, actor: Actor, membership: WorkspaceMembership, role: str
+) -> WorkspaceMembership:
+    if role not in WorkspaceRole.values:
+        raise InvalidInput.on("role", f"must be one of {', '.join(WorkspaceRole.values)}")
+    membership = (
+        WorkspaceMembership.objects.select_for_update()
+        .select_related("user", "workspace__organization")
+        .get(pk=membership.pk)
+    )
+    old = membership.role
+    if old != role:
+        membership.role = role
+        membership.save(update_fields=["role"])
+        _set_group(membership, old)
+        audit.record(
+            actor=actor,
+            action="member.update",
+            target=membership,
+            workspace=membership.workspace,
+            changes={"role": [old, role]},
+            metadata={"user": membership.user.email},
+        )
+    return membership
+
+
+@transaction.atomic
+def member_remove(*, actor: Actor, membership: WorkspaceMembership) -> None:
+    membership = (
+        WorkspaceMembership.objects.select_for_update()
+        .select_related("user", "workspace__organization")
+        .get(pk=membership.pk)
+    )
+    membership.user.groups.remove(_role_group(membership.workspace, membership.role))
+    audit.record(
+        actor=actor,
+        action="member.remove",
+        target=membership,
+        workspace=membership.workspace,
+        changes={"role": [membership.role, None]},
+        metadata={"user": membership.user.email},
+    )
+    membership.delete()
