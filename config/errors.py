@@ -38,6 +38,17 @@ class InvalidInput(DomainError):
         return cls(message, errors={field: [message]})
 
 
+def clean_or_raise(instance: Any, **kwargs: Any) -> None:
+    """``instance.full_clean()``, with model validation errors raised as :class:`InvalidInput`
+    (so services called from commands and workers speak the same error contract as the API)."""
+    try:
+        instance.full_clean(**kwargs)
+    except DjangoValidationError as exc:
+        errors = exc.message_dict
+        field, messages = next(iter(errors.items()))
+        raise InvalidInput(f"{field}: {messages[-1]}", errors=errors) from exc
+
+
 class Conflict(DomainError):
     type = "conflict"
     status_code = status.HTTP_409_CONFLICT
@@ -46,6 +57,11 @@ class Conflict(DomainError):
 class Forbidden(DomainError):
     type = "permission_denied"
     status_code = status.HTTP_403_FORBIDDEN
+
+
+class InvalidCredentials(DomainError):
+    type = "authentication_failed"
+    status_code = status.HTTP_401_UNAUTHORIZED
 
 
 class NotFound(DomainError):
@@ -104,7 +120,8 @@ def _summary(errors: dict[str, list[str]]) -> str:
 def exception_handler(exc: Exception, context: dict) -> Response | None:
     if isinstance(exc, DomainError):
         body = {"type": exc.type, "detail": exc.detail, "errors": exc.errors}
-        return Response(body, status=exc.status_code)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return Response(body, status=exc.status_code, headers=headers)
     if isinstance(exc, DjangoValidationError):
         detail = (
             exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}

@@ -17,7 +17,7 @@ from guardian.shortcuts import assign_perm
 
 from audit import services as audit
 from audit.context import Actor
-from config.errors import Conflict, InvalidInput
+from config.errors import Conflict, InvalidInput, clean_or_raise
 
 from .models import (
     ApiToken,
@@ -69,7 +69,7 @@ def org_create(
     if Organization.objects.filter(slug=slug).exists():
         raise Conflict(f"organisation {slug!r} already exists", errors={"slug": ["already taken"]})
     org = Organization(slug=slug, name=name or slug, allowed_image_prefixes=DEFAULT_IMAGE_PREFIXES)
-    org.full_clean()
+    clean_or_raise(org)
     org.save()
     owner = User.objects.filter(email__iexact=owner_email).first()
     if owner is None:
@@ -100,7 +100,7 @@ def org_update(*, actor: Actor, organization: Organization, data: dict[str, Any]
             setattr(org, field, data[field])
     changes = audit.diff(org, before, ORG_EDITABLE)
     if changes:
-        org.full_clean()
+        clean_or_raise(org)
         org.save(update_fields=list(changes))
         audit.record(
             actor=actor, action="org.update", target=org, organization=org, changes=changes
@@ -235,7 +235,7 @@ def workspace_create(
     workspace = Workspace(
         organization=organization, slug=slug, name=name or slug, description=description
     )
-    workspace.full_clean()
+    clean_or_raise(workspace)
     try:
         with transaction.atomic():
             workspace.save()
@@ -272,7 +272,7 @@ def workspace_update(*, actor: Actor, workspace: Workspace, data: dict[str, Any]
             setattr(ws, field, data[field])
     changes = audit.diff(ws, before, WORKSPACE_EDITABLE)
     if changes:
-        ws.full_clean()
+        clean_or_raise(ws)
         ws.save(update_fields=list(changes))
         audit.record(
             actor=actor, action="workspace.update", target=ws, workspace=ws, changes=changes

@@ -122,7 +122,7 @@ class ApprovalThresholdsField(serializers.DictField):
 
 class WorkspaceCreateInput(serializers.Serializer):
     slug = serializers.CharField(max_length=40, validators=[slug_validator])
-    name = serializers.CharField(max_length=200, required=False, default="")
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     description = serializers.CharField(
         max_length=2000, required=False, allow_blank=True, default=""
     )

@@ -8,6 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.context import Actor
+from config.errors import InvalidCredentials
 from workspaces import roles, selectors, services
 from workspaces.models import (
     ApiToken,
@@ -67,7 +68,7 @@ class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
             request, email=data.validated_data["email"], password=data.validated_data["password"]
         )
         if user is None:
-            raise exceptions.AuthenticationFailed("invalid email or password")
+            raise InvalidCredentials("invalid email or password")
         token, secret = services.token_create(
             actor=Actor.for_user(user),
             user=user,

@@ -1,0 +1,51 @@
+"""The OpenAPI document is valid OpenAPI 3 and every operation has a unique, readable id."""
+
+import re
+from collections import Counter
+
+import yaml
+from openapi_spec_validator import validate
+from rest_framework.test import APIClient
+
+_cache = {}
+
+
+def load_schema():
+    if "schema" not in _cache:
+        response = APIClient().get("/api/schema/")
+        assert response.status_code == 200
+        _cache["schema"] = yaml.safe_load(response.content)
+    return _cache["schema"]
+
+
+def operations(schema):
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            if method in {"get", "post", "put", "patch", "delete"}:
+                yield path, method, operation
+
+
+def test_schema_validates(db):
+    validate(load_schema())
+
+
+def test_operation_ids_unique_and_readable(db):
+    schema = load_schema()
+    ids = [op["operationId"] for _, _, op in operations(schema)]
+    duplicates = [name for name, n in Counter(ids).items() if n > 1]
+    assert not duplicates, duplicates
+    assert all(re.fullmatch(r"[a-z][a-z0-9_]+", name) for name in ids), ids
+
+
+def test_every_operation_is_authenticated_except_token_issue(db):
+    schema = load_schema()
+    assert schema["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
+    for _path, _method, op in operations(schema):
+        if op["operationId"] == "auth_token_create":
+            assert op.get("security") in (None, [], [{}])
+        else:
+            assert {"bearerAuth": []} in op.get("security", []), op["operationId"]
+
+
+def test_docs_page(db):
+    assert APIClient().get("/api/docs/").status_code == 200
