@@ -1,0 +1,193 @@
+"""`make demo`: the governed flow, end to end, on the embedded default.
+
+Fresh SQLite database and filesystem broker under var/demo/, the API (gunicorn) and a Celery worker
+started in the background on 127.0.0.1, then a short real scenario over HTTP. Everything started
+here is stopped at the end, whatever happens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = ROOT / "var" / "demo"
+PY = sys.executable
+PASSWORD = "demo-password-123"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+ENV = {
+    **os.environ,
+    "DJANGO_SETTINGS_MODULE": "config.settings",
+    "MANTA_VAR_DIR": str(VAR),
+    "DATABASE_URL": f"sqlite:///{VAR / 'manta.sqlite3'}",
+    "CELERY_BROKER_URL": "filesystem://",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def step(title: str) -> None:
+    print(f"\n\033[1m== {title}\033[0m", flush=True)
+
+
+def manage(*args: str) -> str:
+    done = subprocess.run(
+        [PY, "manage.py", *args], cwd=ROOT, env=ENV, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        sys.exit(f"manage.py {' '.join(args)} failed:\n{done.stderr}")
+    return done.stdout
+
+
+class Api:
+    def __init__(self, base: str, token: str | None = None, who: str = ""):
+        self.base, self.token, self.who = base, token, who
+
+    def call(self, method: str, path: str, body=None, show=True, expect=None):
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        response = requests.request(
+            method, self.base + path, json=body, headers=headers, timeout=30
+        )
+        if show:
+            print(f"  [{self.who or 'anonymous'}] {method} {path} -> {response.status_code}")
+        if expect is not None and response.status_code != expect:
+            raise SystemExit(
+                f"expected {expect}, got {response.status_code}: {response.text[:2000]}"
+            )
+        return response.json() if response.content else None
+
+
+def brief(data, keys) -> str:
+    return json.dumps({k: data.get(k) for k in keys})
+
+
+class Services:
+    """The background processes of the demo; stopped in reverse order."""
+
+    def __init__(self):
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, args: list[str]) -> None:
+        log = open(VAR / f"{name}.log", "w")  # noqa: SIM115  (closed with the process)
+        proc = subprocess.Popen(
+            args, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.procs.append((name, proc))
+
+    def stop(self) -> None:
+        for name, proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            print(f"  stopped {name} (exit {proc.returncode})")
+
+
+def wait_ready(base: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(base + "/readyz", timeout=2).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"the API did not become ready; see {VAR / 'api.log'}")
+
+
+def scenario(base: str, owner_token: str) -> None:
+    owner = Api(base, owner_token, "owner")
+
+    step("The owner creates an org admin and a developer")
+    for email, role in [("admin@demo.test", "admin"), ("dev@demo.test", "member")]:
+        body = {"email": email, "password": PASSWORD, "org_role": role}
+        user = owner.call("POST", "/api/v1/orgs/demo/users/", body, expect=201)
+        print("   ", brief(user, ["id", "email", "org_role"]))
+
+    step("Each signs in for an API token (shown once)")
+    tokens = {}
+    for email in ["admin@demo.test", "dev@demo.test"]:
+        body = {"email": email, "password": PASSWORD, "name": "demo", "expires_in_days": 1}
+        issued = Api(base).call("POST", "/api/v1/auth/tokens/", body, expect=201)
+        tokens[email] = issued["token"]
+        print("   ", email, "->", issued["token"][:10] + "…", f"(expires {issued['expires_at']})")
+    admin = Api(base, tokens["admin@demo.test"], "admin")
+    dev = Api(base, tokens["dev@demo.test"], "dev")
+
+    step("The admin creates a workspace and grants the developer a role")
+    body = {"slug": "ml-research", "name": "ML research", "description": "demo"}
+    ws = admin.call("POST", "/api/v1/orgs/demo/workspaces/", body, expect=201)
+    print("   ", brief(ws, ["slug", "name", "approval_policy", "compute_target"]))
+    body = {"email": "dev@demo.test", "role": "developer"}
+    member = admin.call("POST", "/api/v1/orgs/demo/workspaces/ml-research/members/", body, 201)
+    print("   ", brief(member, ["id", "email", "role"]))
+
+    step("The developer tries an admin's action, and is refused")
+    body = {"email": "admin@demo.test", "role": "viewer"}
+    refused = dev.call("POST", "/api/v1/orgs/demo/workspaces/ml-research/members/", body, 403)
+    print("   ", json.dumps(refused))
+    refused = dev.call("GET", "/api/v1/orgs/demo/audit-events/", expect=403)
+    print("   ", json.dumps(refused))
+    missing = Api(base).call("GET", "/api/v1/me/", expect=401)
+    print("    without a token:", json.dumps(missing))
+
+    step("The audit trail (newest first)")
+    events = owner.call("GET", "/api/v1/orgs/demo/audit-events/?page_size=20", expect=200)
+    for event in events["results"]:
+        print(
+            f"    #{event['seq']:<3} {event['action']:<18} by {event['actor']['label']:<22}"
+            f" {event['target']['type']}:{event['target']['repr']}"
+        )
+    step("Verify the audit hash chain")
+    verdict = owner.call("GET", "/api/v1/orgs/demo/audit-events/verify/", expect=200)
+    print("   ", json.dumps(verdict))
+
+
+def main() -> None:
+    shutil.rmtree(VAR, ignore_errors=True)
+    VAR.mkdir(parents=True)
+    step("Bootstrap: migrate the embedded SQLite database and create the demo organisation")
+    manage("migrate", "--noinput")
+    out = manage("create_org", "demo", "--owner", "owner@demo.test", "--password", PASSWORD)
+    owner_token = out.strip().splitlines()[-1]
+    print(f"    owner@demo.test token: {owner_token[:10]}…")
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    services = Services()
+    try:
+        step(f"Start the API on {base}")
+        services.start(
+            "api",
+            [PY, "-m", "gunicorn", "config.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2",
+             "--access-logfile", "-"],
+        )  # fmt: skip
+        wait_ready(base)
+        print("    ready:", requests.get(base + "/readyz", timeout=5).json())
+        scenario(base, owner_token)
+    finally:
+        step("Stop everything the demo started")
+        services.stop()
+    print("\nDemo finished: logs are under", VAR)
+
+
+if __name__ == "__main__":
+    main()
