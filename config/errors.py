@@ -49,6 +49,14 @@ def clean_or_raise(instance: Any, **kwargs: Any) -> None:
         raise InvalidInput(f"{field}: {messages[-1]}", errors=errors) from exc
 
 
+def invalid_from_serializer(exc: exceptions.ValidationError, prefix: str = "") -> InvalidInput:
+    """A serializer's ValidationError as InvalidInput, its field names under ``prefix``."""
+    errors = field_errors(exc.detail)
+    if prefix:
+        errors = {f"{prefix}.{key}": value for key, value in errors.items()}
+    return InvalidInput(summarize(errors), errors=errors)
+
+
 class Conflict(DomainError):
     type = "conflict"
     status_code = status.HTTP_409_CONFLICT
@@ -90,7 +98,7 @@ def _drf_type(exc: exceptions.APIException) -> str:
     return exc.default_code or "error"
 
 
-def _field_errors(detail: Any) -> dict[str, list[str]]:
+def field_errors(detail: Any) -> dict[str, list[str]]:
     """Flatten DRF's nested error detail into ``{"a.b.0.c": ["msg"]}``."""
     out: dict[str, list[str]] = {}
 
@@ -111,7 +119,7 @@ def _field_errors(detail: Any) -> dict[str, list[str]]:
     return out
 
 
-def _summary(errors: dict[str, list[str]]) -> str:
+def summarize(errors: dict[str, list[str]]) -> str:
     field, messages = next(iter(errors.items()))
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{field}: {messages[0]}{more}"
@@ -140,8 +148,8 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
     if response is None:
         return None
     if isinstance(exc, exceptions.ValidationError):
-        errors = _field_errors(exc.detail)
-        detail = _summary(errors) if errors else "Invalid input."
+        errors = field_errors(exc.detail)
+        detail = summarize(errors) if errors else "Invalid input."
     else:
         errors = {}
         detail = str(exc.detail) if hasattr(exc, "detail") else str(exc)

@@ -7,6 +7,7 @@ from .health import healthz, readyz
 api_v1 = [
     path("", include("workspaces.api.urls")),
     path("", include("audit.api.urls")),
+    path("", include("jobs.api.urls")),
 ]
 
 urlpatterns = [

@@ -149,6 +149,8 @@ def scenario(base: str, owner_token: str) -> None:
     missing = Api(base).call("GET", "/api/v1/me/", expect=401)
     print("    without a token:", json.dumps(missing))
 
+    jobs_flow(owner, admin, dev)
+
     step("The audit trail (newest first)")
     events = owner.call("GET", "/api/v1/orgs/demo/audit-events/?page_size=20", expect=200)
     for event in events["results"]:
@@ -159,6 +161,83 @@ def scenario(base: str, owner_token: str) -> None:
     step("Verify the audit hash chain")
     verdict = owner.call("GET", "/api/v1/orgs/demo/audit-events/verify/", expect=200)
     print("   ", json.dumps(verdict))
+
+
+COUNTER_ENTRYPOINT = (
+    'python -c "import os, ray; ray.init(); '
+    "Counter = ray.remote(type('Counter', (), {'__init__': lambda self: setattr(self, 'n', 0), "
+    "'inc': lambda self: setattr(self, 'n', self.n + 1) or self.n})); c = Counter.remote(); "
+    "n = [ray.get(c.inc.remote()) for _ in range(int(os.environ['COUNT_TO']))][-1]; "
+    "print('counter reached', n)\""
+)
+
+
+def jobs_flow(owner: Api, admin: Api, dev: Api) -> dict:
+    ws = "/api/v1/orgs/demo/workspaces/ml-research"
+    step("The admin publishes the counter template and asks for approval above 0.5 CPU")
+    body = {
+        "name": "counter",
+        "description": "an actor that counts to COUNT_TO and prints it",
+        "image": "rayproject/ray:2.60.0",
+        "entrypoint": COUNTER_ENTRYPOINT,
+        "runtime_env": {"env_vars": {"COUNT_TO": "10"}},
+        "head": {"cpu": 0, "memory_gb": 1, "gpu": 0},
+        "worker_groups": [{"name": "workers", "replicas": 1, "cpu": 1, "memory_gb": 1}],
+        "max_runtime_seconds": 300,
+        "allowed_overrides": ["runtime_env", "priority"],
+    }
+    template = admin.call("POST", f"{ws}/templates/", body, expect=201)
+    print("   ", brief(template, ["id", "name", "version", "allowed_overrides"]))
+    policy = {"approval_policy": "threshold", "approval_thresholds": {"cpu": 0.5}}
+    print("   ", brief(admin.call("PATCH", f"{ws}/", policy, expect=200), list(policy)))
+
+    step("The developer submits a job in one call; it needs approval")
+    body = {
+        "template": template["id"],
+        "name": "count-to-20",
+        "overrides": {"runtime_env": {"env_vars": {"COUNT_TO": "20"}}},
+    }
+    job = dev.call("POST", f"{ws}/jobs/", body, expect=201)
+    print("   ", brief(job, ["id", "state", "requested", "approval_reason"]))
+    refused = dev.call("POST", f"{ws}/jobs/{job['id']}/approve/", {}, expect=403)
+    print("    the developer approving it:", refused["type"], "-", refused["detail"])
+    bad = dev.call(
+        "POST",
+        f"{ws}/jobs/",
+        {"template": template["id"], "overrides": {"image": "evil/miner:1"}},
+        expect=400,
+    )
+    print("    an override the template does not allow:", json.dumps(bad["errors"]))
+
+    step("An approver may not approve their own job")
+    own = admin.call("POST", f"{ws}/jobs/", {"template": template["id"]}, expect=201)
+    refused = admin.call("POST", f"{ws}/jobs/{own['id']}/approve/", {}, expect=403)
+    print("    admin approving their own job:", refused["type"], "-", refused["detail"])
+    rejected = owner.call(
+        "POST",
+        f"{ws}/jobs/{own['id']}/reject/",
+        {"reason": "duplicate of the developer's run"},
+        expect=200,
+    )
+    print("    the owner rejects it:", brief(rejected, ["id", "state", "decision_reason"]))
+
+    step("The admin approves the developer's job")
+    approved = admin.call(
+        "POST", f"{ws}/jobs/{job['id']}/approve/", {"reason": "fits the budget"}, expect=200
+    )
+    print("   ", brief(approved, ["id", "state", "decided_by", "decision_reason"]))
+    show_timeline(dev, f"{ws}/jobs/{job['id']}/events/")
+    return approved
+
+
+def show_timeline(api: Api, url: str) -> None:
+    step("The job's timeline")
+    for event in api.call("GET", url, expect=200)["results"]:
+        arrow = f"{event['from_state'] or '-'} -> {event['to_state']}"
+        print(
+            f"    {event['created_at'][11:23]} {event['kind']:<10} {arrow:<30}"
+            f" by {event['actor']:<22} {event['reason']}"
+        )
 
 
 def main() -> None:

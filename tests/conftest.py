@@ -76,6 +76,6 @@ def _module_world(django_db_setup, django_db_blocker):
 
 @pytest.fixture
 def world(_module_world, db) -> World:
-    for user in _module_world.users.values():
-        user.refresh_from_db()
+    for row in [*_module_world.users.values(), _module_world.ws, _module_world.org]:
+        row.refresh_from_db()
     return _module_world

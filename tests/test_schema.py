@@ -49,3 +49,32 @@ def test_every_operation_is_authenticated_except_token_issue(db):
 
 def test_docs_page(db):
     assert APIClient().get("/api/docs/").status_code == 200
+
+
+def _examples(schema, operation):
+    found = []
+    for content in (operation.get("requestBody") or {}).get("content", {}).values():
+        found += list(content.get("examples", {}))
+    for response in operation.get("responses", {}).values():
+        for content in response.get("content", {}).values():
+            found += list(content.get("examples", {}))
+    return found
+
+
+def test_job_and_template_operations_document_bodies_with_examples(db):
+    schema = load_schema()
+    checked = 0
+    for path, method, operation in operations(schema):
+        if "/templates/" not in path and "/jobs/" not in path:
+            continue
+        checked += 1
+        if method in ("post", "patch"):
+            assert "requestBody" in operation, operation["operationId"]
+        success = [code for code in operation["responses"] if code.startswith("2")]
+        assert success, operation["operationId"]
+        if method != "delete":
+            assert any(operation["responses"][c].get("content") for c in success), operation[
+                "operationId"
+            ]
+            assert _examples(schema, operation), f"{operation['operationId']} has no example"
+    assert checked >= 12

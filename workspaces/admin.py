@@ -126,6 +126,9 @@ class WorkspaceMembershipInline(admin.TabularInline):
     def has_add_permission(self, request, obj=None):
         return False
 
+    def has_view_permission(self, request, obj=None):
+        return True  # the parent admin has already scoped the object to the user's orgs
+
 
 @admin.register(Workspace)
 class WorkspaceAdmin(OrgScopedAdmin):
@@ -156,9 +159,6 @@ class WorkspaceAdmin(OrgScopedAdmin):
         self.run_service(
             request, lambda actor: services.workspace_update(actor=actor, workspace=obj, data=data)
         )
-
-    def save_related(self, request, form, formsets, change):
-        pass  # the inline is read-only; role grants go through the members API
 
     @admin.action(description="Archive selected workspaces")
     def archive(self, request, queryset):

@@ -70,6 +70,8 @@ EXPORT_FIELDS = ["id", "seq", "occurred_at", "action", "actor_type", "actor_labe
 
 
 class AuditEventViewSet(TenantViewSet):
+    """The organisation's audit log (org owners and admins)."""
+
     serializer_class = AuditEventOutput
     queryset = AuditEvent.objects.none()
     filterset_class = AuditEventFilter

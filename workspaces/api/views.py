@@ -92,6 +92,8 @@ class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 
 
 class MeView(APIView):
+    """The caller."""
+
     @extend_schema(operation_id="me_retrieve", responses=s.MeOutput)
     def get(self, request):
         memberships = OrgMembership.objects.filter(user=request.user).select_related("organization")
@@ -109,6 +111,8 @@ class MeView(APIView):
 
 
 class OrgListView(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Organisations the caller belongs to."""
+
     serializer_class = s.OrgOutput
 
     def get_queryset(self):
@@ -132,6 +136,8 @@ class OrgListView(mixins.ListModelMixin, viewsets.GenericViewSet):
 
 
 class OrgViewSet(TenantViewSet):
+    """An organisation."""
+
     serializer_class = s.OrgOutput
     permission_map = {"retrieve": roles.ORG_VIEW, "partial_update": roles.ORG_MANAGE}
 
@@ -153,6 +159,8 @@ class OrgViewSet(TenantViewSet):
 
 
 class OrgUserViewSet(TenantViewSet):
+    """Users of an organisation (org owners and admins)."""
+
     serializer_class = s.OrgUserOutput
     queryset = OrgMembership.objects.none()
     permission_map = {"list": roles.ORG_MANAGE_USERS, "create": roles.ORG_MANAGE_USERS}
@@ -180,6 +188,8 @@ class OrgUserViewSet(TenantViewSet):
 
 
 class WorkspaceListViewSet(TenantViewSet):
+    """Workspaces of an organisation."""
+
     serializer_class = s.WorkspaceOutput
     queryset = Workspace.objects.none()
     permission_map = {"list": roles.ORG_VIEW, "create": roles.ORG_MANAGE_WORKSPACES}
@@ -220,6 +230,8 @@ class WorkspaceListViewSet(TenantViewSet):
 
 
 class WorkspaceDetailViewSet(WorkspaceViewSet):
+    """One workspace; DELETE archives it."""
+
     serializer_class = s.WorkspaceOutput
     permission_map = {
         "retrieve": roles.WS_VIEW,
@@ -249,6 +261,8 @@ class WorkspaceDetailViewSet(WorkspaceViewSet):
 
 
 class MemberViewSet(WorkspaceViewSet):
+    """Role grants on a workspace."""
+
     serializer_class = s.MemberOutput
     queryset = WorkspaceMembership.objects.none()
     permission_map = {

@@ -1,0 +1,297 @@
+from drf_spectacular.utils import OpenApiExample, extend_schema_field, extend_schema_serializer
+from rest_framework import serializers
+
+from jobs import spec as job_spec
+from jobs.models import Job, JobEvent, JobState, JobTemplate, JobTemplateVersion
+
+COUNTER_SPEC = {
+    "image": "rayproject/ray:2.60.0",
+    "entrypoint": 'python -c "import ray; ray.init(); '
+    "C = ray.remote(type('C', (), {'__init__': lambda s: setattr(s, 'n', 0), "
+    "'inc': lambda s: setattr(s, 'n', s.n + 1) or s.n})); c = C.remote(); "
+    "print('count', [ray.get(c.inc.remote()) for _ in range(10)][-1])\"",
+    "runtime_env": {"env_vars": {"COUNT_TO": "10"}},
+    "head": {"cpu": 0, "memory_gb": 2, "gpu": 0},
+    "worker_groups": [
+        {
+            "name": "workers",
+            "replicas": 1,
+            "min_replicas": 0,
+            "max_replicas": 2,
+            "cpu": 1,
+            "memory_gb": 1,
+            "gpu": 0,
+            "resources": {},
+        }
+    ],
+    "max_runtime_seconds": 600,
+    "max_retries": 0,
+    "priority": 5,
+    "ttl_seconds_after_finished": 300,
+}
+
+
+class ResourcesOutput(serializers.Serializer):
+    cpu = serializers.FloatField()
+    memory_gb = serializers.FloatField()
+    gpu = serializers.FloatField()
+
+
+@extend_schema_serializer(
+    examples=[
+        OpenApiExample(
+            "Counter template",
+            value={
+                "name": "counter",
+                "description": "counts with an actor",
+                **COUNTER_SPEC,
+                "allowed_overrides": ["entrypoint", "worker_groups", "priority"],
+            },
+            request_only=True,
+        )
+    ]
+)
+class TemplateCreateInput(job_spec.JobSpec):
+    name = serializers.RegexField(
+        r"^[a-z0-9][a-z0-9_-]{0,99}$",
+        max_length=100,
+        help_text="lowercase letters, digits, '-' and '_'",
+    )
+    description = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+    allowed_overrides = serializers.ListField(
+        child=serializers.ChoiceField(choices=sorted(job_spec.OVERRIDABLE)),
+        required=False,
+        help_text="Spec fields a submitter may override",
+    )
+
+
+@extend_schema_serializer(
+    examples=[
+        OpenApiExample(
+            "New version", value={"priority": 7, "max_runtime_seconds": 900}, request_only=True
+        )
+    ]
+)
+class TemplateUpdateInput(serializers.Serializer):
+    """Any spec field, plus description and allowed_overrides: the result is a new version."""
+
+    image = serializers.CharField(required=False)
+    entrypoint = serializers.CharField(required=False, trim_whitespace=False)
+    runtime_env = serializers.DictField(required=False)
+    head = serializers.DictField(required=False)
+    worker_groups = serializers.ListField(child=serializers.DictField(), required=False)
+    max_runtime_seconds = serializers.IntegerField(required=False)
+    max_retries = serializers.IntegerField(required=False)
+    priority = serializers.IntegerField(required=False)
+    ttl_seconds_after_finished = serializers.IntegerField(required=False)
+    description = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+    allowed_overrides = serializers.ListField(child=serializers.CharField(), required=False)
+
+
+@extend_schema_serializer(
+    examples=[
+        OpenApiExample(
+            "Version 1",
+            value={
+                "version": 1,
+                "spec": COUNTER_SPEC,
+                "allowed_overrides": ["priority"],
+                "created_by": "admin@acme.test",
+                "created_at": "2026-12-02T10:00:00Z",
+            },
+            response_only=True,
+        )
+    ]
+)
+class TemplateVersionOutput(serializers.ModelSerializer):
+    created_by = serializers.EmailField(source="created_by.email", allow_null=True)
+    spec = serializers.JSONField()
+
+    class Meta:
+        model = JobTemplateVersion
+        fields = ["version", "spec", "allowed_overrides", "created_by", "created_at"]
+
+
+@extend_schema_serializer(
+    examples=[
+        OpenApiExample(
+            "A template",
+            value={
+                "id": 1,
+                "name": "counter",
+                "description": "counts with an actor",
+                "version": 2,
+                "spec": COUNTER_SPEC,
+                "allowed_overrides": ["entrypoint", "priority"],
+                "created_at": "2026-12-02T10:00:00Z",
+                "updated_at": "2026-12-02T11:00:00Z",
+                "archived_at": None,
+            },
+            response_only=True,
+        )
+    ]
+)
+class TemplateOutput(serializers.ModelSerializer):
+    version = serializers.IntegerField(source="latest_version")
+    spec = serializers.SerializerMethodField()
+    allowed_overrides = serializers.SerializerMethodField()
+
+    class Meta:
+        model = JobTemplate
+        fields = [
+            "id",
+            "name",
+            "description",
+            "version",
+            "spec",
+            "allowed_overrides",
+            "created_at",
+            "updated_at",
+            "archived_at",
+        ]
+
+    def _latest(self, template) -> JobTemplateVersion:
+        return self.context["latest"][template.pk]
+
+    @extend_schema_field(serializers.JSONField(help_text="The latest version's spec"))
+    def get_spec(self, template):
+        return self._latest(template).spec
+
+    def get_allowed_overrides(self, template) -> list[str]:
+        return self._latest(template).allowed_overrides
+
+
+@extend_schema_serializer(
+    examples=[
+        OpenApiExample(
+            "Submit with an override",
+            value={"template": 1, "name": "count-to-20", "overrides": {"priority": 7}},
+            request_only=True,
+        )
+    ]
+)
+class JobSubmitInput(serializers.Serializer):
+    template = serializers.IntegerField(help_text="The template's id; its latest version is used")
+    name = serializers.RegexField(r"^[a-z0-9][a-z0-9_-]{0,99}$", required=False, max_length=100)
+    overrides = serializers.DictField(
+        required=False, default=dict, help_text="Spec fields to override (allowed_overrides only)"
+    )
+
+
+@extend_schema_serializer(
+    examples=[
+        OpenApiExample(
+            "With a reason", value={"reason": "approved for the demo"}, request_only=True
+        )
+    ]
+)
+class ReasonInput(serializers.Serializer):
+    reason = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
+
+
+@extend_schema_serializer(
+    examples=[OpenApiExample("Reject", value={"reason": "too many GPUs"}, request_only=True)]
+)
+class RejectInput(serializers.Serializer):
+    reason = serializers.CharField(max_length=1000, help_text="Why the job is rejected")
+
+
+@extend_schema_serializer(
+    examples=[
+        OpenApiExample(
+            "A job waiting for approval",
+            value={
+                "id": 42,
+                "name": "counter",
+                "state": "pending_approval",
+                "template": {"id": 1, "name": "counter"},
+                "template_version": 2,
+                "spec": COUNTER_SPEC,
+                "overrides": {"priority": 7},
+                "requested": {"cpu": 1.0, "memory_gb": 3.0, "gpu": 0.0},
+                "priority": 7,
+                "submitted_by": "dev@acme.test",
+                "approval_required": True,
+                "approval_reason": "the workspace requires approval for every job",
+                "decided_by": None,
+                "decided_at": None,
+                "decision_reason": "",
+                "failure_reason": "",
+                "message": "",
+                "created_at": "2026-12-02T10:00:00Z",
+                "queued_at": None,
+                "started_at": None,
+                "finished_at": None,
+                "updated_at": "2026-12-02T10:00:00Z",
+            },
+            response_only=True,
+        )
+    ]
+)
+class JobOutput(serializers.ModelSerializer):
+    requested = ResourcesOutput()
+    spec = serializers.JSONField()
+    overrides = serializers.JSONField()
+    template = serializers.SerializerMethodField()
+    template_version = serializers.IntegerField(source="template_version.version")
+    submitted_by = serializers.EmailField(source="submitted_by.email")
+    decided_by = serializers.EmailField(source="decided_by.email", allow_null=True, default=None)
+    state = serializers.ChoiceField(choices=JobState.choices)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "state",
+            "template",
+            "template_version",
+            "spec",
+            "overrides",
+            "requested",
+            "priority",
+            "submitted_by",
+            "approval_required",
+            "approval_reason",
+            "decided_by",
+            "decided_at",
+            "decision_reason",
+            "failure_reason",
+            "message",
+            "created_at",
+            "queued_at",
+            "started_at",
+            "finished_at",
+            "updated_at",
+        ]
+
+    def get_template(self, job) -> dict:
+        template = job.template_version.template
+        return {"id": template.pk, "name": template.name}
+
+
+@extend_schema_serializer(
+    examples=[
+        OpenApiExample(
+            "An approval",
+            value={
+                "id": 7,
+                "kind": "approved",
+                "from_state": "pending_approval",
+                "to_state": "queued",
+                "actor": "admin@acme.test",
+                "reason": "looks fine",
+                "data": {},
+                "created_at": "2026-12-02T10:05:00Z",
+            },
+            response_only=True,
+        )
+    ]
+)
+class JobEventOutput(serializers.ModelSerializer):
+    actor = serializers.CharField(source="actor_label")
+    data = serializers.JSONField()
+
+    class Meta:
+        model = JobEvent
+        fields = ["id", "kind", "from_state", "to_state", "actor", "reason", "data", "created_at"]

@@ -1,0 +1,22 @@
+from django.urls import path
+
+from .views import JobViewSet, TemplateViewSet
+
+WS = "orgs/<slug:org>/workspaces/<slug:ws>/"
+
+urlpatterns = [
+    path(WS + "templates/", TemplateViewSet.as_view({"get": "list", "post": "create"})),
+    path(
+        WS + "templates/<int:pk>/",
+        TemplateViewSet.as_view(
+            {"get": "retrieve", "patch": "partial_update", "delete": "destroy"}
+        ),
+    ),
+    path(WS + "templates/<int:pk>/versions/", TemplateViewSet.as_view({"get": "versions"})),
+    path(WS + "jobs/", JobViewSet.as_view({"get": "list", "post": "create"})),
+    path(WS + "jobs/<int:pk>/", JobViewSet.as_view({"get": "retrieve"})),
+    path(WS + "jobs/<int:pk>/approve/", JobViewSet.as_view({"post": "approve"})),
+    path(WS + "jobs/<int:pk>/reject/", JobViewSet.as_view({"post": "reject"})),
+    path(WS + "jobs/<int:pk>/cancel/", JobViewSet.as_view({"post": "cancel"})),
+    path(WS + "jobs/<int:pk>/events/", JobViewSet.as_view({"get": "events"})),
+]

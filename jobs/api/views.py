@@ -1,0 +1,229 @@
+"""Template and job endpoints. Views only translate: parse, call one service, render."""
+
+import django_filters
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions, status
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from jobs import selectors, services
+from jobs.models import Job, JobState, JobTemplate
+from jobs.spec import SPEC_FIELDS
+from workspaces import roles
+from workspaces.api.tenancy import WorkspaceViewSet
+
+from . import serializers as s
+
+
+class TemplateViewSet(WorkspaceViewSet):
+    """Versioned job templates of a workspace."""
+
+    queryset = JobTemplate.objects.none()
+    serializer_class = s.TemplateOutput
+    permission_map = {
+        "list": roles.WS_VIEW,
+        "retrieve": roles.WS_VIEW,
+        "versions": roles.WS_VIEW,
+        "create": roles.WS_MANAGE_TEMPLATES,
+        "partial_update": roles.WS_MANAGE_TEMPLATES,
+        "destroy": roles.WS_MANAGE_TEMPLATES,
+    }
+
+    def scoped_queryset(self):
+        include = self.request.query_params.get("include_archived") in ("1", "true")
+        if self.action != "list":
+            include = True
+        return selectors.templates_of(self.workspace, include_archived=include)
+
+    def _render(self, templates, many=False):
+        items = templates if many else [templates]
+        context = {"latest": selectors.latest_versions(items)}
+        return s.TemplateOutput(templates, many=many, context=context).data
+
+    def _template(self, pk) -> JobTemplate:
+        template = self.get_queryset().filter(pk=pk).first()
+        if template is None:
+            raise exceptions.NotFound("No such template.")
+        return template
+
+    @extend_schema(operation_id="templates_list")
+    def list(self, request, org=None, ws=None):
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(self._render(page, many=True))
+
+    @extend_schema(
+        operation_id="templates_create",
+        request=s.TemplateCreateInput,
+        responses={201: s.TemplateOutput},
+    )
+    def create(self, request, org=None, ws=None):
+        data = s.TemplateCreateInput(data=request.data, context={"organization": self.organization})
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        version = services.template_create(
+            actor=self.actor,
+            workspace=self.workspace,
+            name=values["name"],
+            spec={key: values[key] for key in SPEC_FIELDS if key in values},
+            allowed_overrides=values.get("allowed_overrides", []),
+            description=values.get("description", ""),
+        )
+        return Response(self._render(version.template), status=status.HTTP_201_CREATED)
+
+    @extend_schema(operation_id="template_retrieve")
+    def retrieve(self, request, org=None, ws=None, pk=None):
+        return Response(self._render(self._template(pk)))
+
+    @extend_schema(
+        operation_id="template_update",
+        request=s.TemplateUpdateInput,
+        responses=s.TemplateOutput,
+        description="Edits make a new immutable version; jobs keep the version they used.",
+    )
+    def partial_update(self, request, org=None, ws=None, pk=None):
+        data = s.TemplateUpdateInput(data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        version = services.template_update(
+            actor=self.actor,
+            template=self._template(pk),
+            spec_changes={key: request.data[key] for key in SPEC_FIELDS if key in values},
+            allowed_overrides=values.get("allowed_overrides"),
+            description=values.get("description"),
+        )
+        return Response(self._render(version.template))
+
+    @extend_schema(operation_id="template_archive", responses={204: None})
+    def destroy(self, request, org=None, ws=None, pk=None):
+        services.template_archive(actor=self.actor, template=self._template(pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        operation_id="template_versions_list", responses=s.TemplateVersionOutput(many=True)
+    )
+    @action(detail=True)
+    def versions(self, request, org=None, ws=None, pk=None):
+        versions = selectors.template_versions(self._template(pk))
+        page = self.paginate_queryset(versions)
+        return self.get_paginated_response(s.TemplateVersionOutput(page, many=True).data)
+
+
+class JobFilter(django_filters.FilterSet):
+    state = django_filters.MultipleChoiceFilter(choices=JobState.choices)
+    template = django_filters.NumberFilter(field_name="template_version__template_id")
+    submitter = django_filters.CharFilter(field_name="submitted_by__email", lookup_expr="iexact")
+    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+
+    class Meta:
+        model = Job
+        fields = []
+
+
+class JobViewSet(WorkspaceViewSet):
+    """Jobs of a workspace: submit, follow, approve, reject, cancel."""
+
+    queryset = Job.objects.none()
+    serializer_class = s.JobOutput
+    filterset_class = JobFilter
+    permission_map = {
+        "list": roles.WS_VIEW,
+        "retrieve": roles.WS_VIEW,
+        "events": roles.WS_VIEW,
+        "create": roles.WS_SUBMIT_JOB,
+        "approve": roles.WS_APPROVE_JOB,
+        "reject": roles.WS_APPROVE_JOB,
+        "cancel": roles.WS_CANCEL_OWN_JOB,
+    }
+
+    def scoped_queryset(self):
+        return selectors.jobs_of(self.workspace)
+
+    def _job(self, pk) -> Job:
+        job = self.get_queryset().filter(pk=pk).first()
+        if job is None:
+            raise exceptions.NotFound("No such job.")
+        return job
+
+    def _render(self, job: Job) -> dict:
+        return s.JobOutput(self._job(job.pk)).data
+
+    @extend_schema(operation_id="jobs_list")
+    def list(self, request, org=None, ws=None):
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(s.JobOutput(page, many=True).data)
+
+    @extend_schema(
+        operation_id="jobs_submit",
+        request=s.JobSubmitInput,
+        responses={201: s.JobOutput, 200: s.JobOutput},
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                description="A retried POST with the same key returns the same job (200)",
+            )
+        ],
+    )
+    def create(self, request, org=None, ws=None):
+        data = s.JobSubmitInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        template = selectors.templates_of(self.workspace).filter(pk=values["template"]).first()
+        if template is None:
+            raise exceptions.ValidationError({"template": ["no such template in this workspace"]})
+        key = request.headers.get("Idempotency-Key") or None
+        if key is not None and len(key) > 255:
+            raise exceptions.ValidationError({"Idempotency-Key": ["at most 255 characters"]})
+        job, created = services.job_submit(
+            actor=self.actor,
+            workspace=self.workspace,
+            template=template,
+            name=values.get("name", ""),
+            overrides=values["overrides"],
+            idempotency_key=key,
+        )
+        headers = {} if created else {"Idempotent-Replayed": "true"}
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(self._render(job), status=code, headers=headers)
+
+    @extend_schema(operation_id="job_retrieve")
+    def retrieve(self, request, org=None, ws=None, pk=None):
+        return Response(s.JobOutput(self._job(pk)).data)
+
+    @extend_schema(operation_id="job_approve", request=s.ReasonInput, responses=s.JobOutput)
+    @action(detail=True, methods=["post"])
+    def approve(self, request, org=None, ws=None, pk=None):
+        data = s.ReasonInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = services.job_approve(actor=self.actor, job=self._job(pk), **data.validated_data)
+        return Response(self._render(job))
+
+    @extend_schema(operation_id="job_reject", request=s.RejectInput, responses=s.JobOutput)
+    @action(detail=True, methods=["post"])
+    def reject(self, request, org=None, ws=None, pk=None):
+        data = s.RejectInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = services.job_reject(actor=self.actor, job=self._job(pk), **data.validated_data)
+        return Response(self._render(job))
+
+    @extend_schema(operation_id="job_cancel", request=s.ReasonInput, responses=s.JobOutput)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, org=None, ws=None, pk=None):
+        data = s.ReasonInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = services.job_cancel(
+            actor=self.actor,
+            job=self._job(pk),
+            reason=data.validated_data["reason"],
+            may_cancel_any=self.has_perm(roles.WS_CANCEL_ANY_JOB),
+        )
+        return Response(self._render(job))
+
+    @extend_schema(operation_id="job_events_list", responses=s.JobEventOutput(many=True))
+    @action(detail=True)
+    def events(self, request, org=None, ws=None, pk=None):
+        events = selectors.job_events(self._job(pk))
+        page = self.paginate_queryset(events)
+        return self.get_paginated_response(s.JobEventOutput(page, many=True).data)

@@ -1,0 +1,168 @@
+"""Job templates (versioned), jobs and their timeline.
+
+A template's content lives in immutable ``JobTemplateVersion`` rows: an edit appends a version,
+and a job pins the version it was submitted from. Job state changes only through
+``jobs.state.transition`` (row lock, legality check, event, audit, outbox — one transaction).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class JobTemplate(models.Model):
+    organization = models.ForeignKey(
+        "workspaces.Organization", on_delete=models.PROTECT, related_name="+"
+    )
+    workspace = models.ForeignKey(
+        "workspaces.Workspace", on_delete=models.PROTECT, related_name="templates"
+    )
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True, max_length=2000)
+    latest_version = models.PositiveIntegerField(default=0)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    archived_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "name"], name="uniq_template_name"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} v{self.latest_version}"
+
+
+class JobTemplateVersion(models.Model):
+    template = models.ForeignKey(JobTemplate, on_delete=models.CASCADE, related_name="versions")
+    version = models.PositiveIntegerField()
+    spec = models.JSONField()
+    allowed_overrides = models.JSONField(default=list)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["template_id", "version"]
+        constraints = [
+            models.UniqueConstraint(fields=["template", "version"], name="uniq_template_version"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.template.name} v{self.version}"
+
+
+class JobState(models.TextChoices):
+    PENDING_APPROVAL = "pending_approval"
+    QUEUED = "queued"
+    LAUNCHING = "launching"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+
+
+TERMINAL_STATES = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED}
+)
+ACTIVE_STATES = frozenset({JobState.LAUNCHING, JobState.RUNNING})
+
+
+class Job(models.Model):
+    organization = models.ForeignKey(
+        "workspaces.Organization", on_delete=models.PROTECT, related_name="+"
+    )
+    workspace = models.ForeignKey(
+        "workspaces.Workspace", on_delete=models.PROTECT, related_name="jobs"
+    )
+    template_version = models.ForeignKey(
+        JobTemplateVersion, on_delete=models.PROTECT, related_name="jobs"
+    )
+    name = models.CharField(max_length=100)
+    state = models.CharField(max_length=20, choices=JobState.choices)
+    spec = models.JSONField()  # the resolved spec: template version + overrides
+    overrides = models.JSONField(default=dict, blank=True)
+    # What quota admission counts: head + Σ replicas × node spec.
+    requested_cpu = models.FloatField()
+    requested_memory_gb = models.FloatField()
+    requested_gpu = models.FloatField()
+    priority = models.PositiveSmallIntegerField()
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="submitted_jobs"
+    )
+    approval_required = models.BooleanField(default=False)
+    approval_reason = models.CharField(max_length=300, blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.CharField(max_length=1000, blank=True)
+    failure_reason = models.CharField(max_length=64, blank=True)
+    message = models.TextField(blank=True)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    idempotency_fingerprint = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "submitted_by", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="uniq_job_idempotency_key",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["workspace", "state"], name="job_ws_state_idx"),
+            models.Index(
+                fields=["organization", "state", "priority", "queued_at"], name="job_queue_idx"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} {self.name} ({self.state})"
+
+    @property
+    def requested(self) -> dict[str, float]:
+        return {
+            "cpu": self.requested_cpu,
+            "memory_gb": self.requested_memory_gb,
+            "gpu": self.requested_gpu,
+        }
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class JobEvent(models.Model):
+    """One entry of a job's timeline: a transition, with who made it and why."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    from_state = models.CharField(max_length=20, blank=True)
+    to_state = models.CharField(max_length=20)
+    kind = models.CharField(max_length=32)  # submitted, approved, rejected, preempted, retry, …
+    actor_label = models.CharField(max_length=254)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    reason = models.CharField(max_length=1000, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.from_state or '∅'} → {self.to_state} ({self.kind})"

@@ -1,0 +1,363 @@
+"""Every write to templates and jobs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from rest_framework import serializers
+
+from audit import services as audit
+from audit.context import Actor
+from config.errors import Conflict, Forbidden, InvalidInput, invalid_from_serializer
+from notifications.services import event_emit
+from workspaces.models import ApprovalPolicy, Workspace
+
+from . import spec as job_spec
+from .models import Job, JobState, JobTemplate, JobTemplateVersion
+from .state import record_event, run_state_hooks, transition
+
+
+class SelfApprovalForbidden(Forbidden):
+    type = "self_approval_forbidden"
+
+
+class IdempotencyKeyReused(Conflict):
+    type = "idempotency_key_reused"
+
+
+def _validate_overrides_list(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidInput.on("allowed_overrides", "must be a list of field names")
+    unknown = sorted(set(value) - job_spec.OVERRIDABLE)
+    if unknown:
+        raise InvalidInput.on(
+            "allowed_overrides",
+            f"unknown field(s) {', '.join(unknown)}; overridable: "
+            f"{', '.join(sorted(job_spec.OVERRIDABLE))}",
+        )
+    return sorted(set(value))
+
+
+# --- templates ---------------------------------------------------------------------------------
+
+
+def _template_snapshot(version: JobTemplateVersion) -> dict[str, Any]:
+    return {
+        "version": version.version,
+        "spec": version.spec,
+        "allowed_overrides": version.allowed_overrides,
+    }
+
+
+@transaction.atomic
+def template_create(
+    *,
+    actor: Actor,
+    workspace: Workspace,
+    name: str,
+    spec: dict[str, Any],
+    allowed_overrides: list[str] | None = None,
+    description: str = "",
+) -> JobTemplateVersion:
+    try:
+        clean = job_spec.validate_spec(spec, organization=workspace.organization)
+    except serializers.ValidationError as exc:
+        raise invalid_from_serializer(exc) from exc
+    overrides = _validate_overrides_list(allowed_overrides or [])
+    if JobTemplate.objects.filter(workspace=workspace, name=name).exists():
+        raise Conflict(f"a template named {name!r} exists", errors={"name": ["already taken"]})
+    template = JobTemplate.objects.create(
+        organization=workspace.organization,
+        workspace=workspace,
+        name=name,
+        description=description,
+        latest_version=1,
+        created_by=actor.user,
+    )
+    version = JobTemplateVersion.objects.create(
+        template=template,
+        version=1,
+        spec=clean,
+        allowed_overrides=overrides,
+        created_by=actor.user,
+    )
+    audit.record(
+        actor=actor,
+        action="template.create",
+        target=template,
+        workspace=workspace,
+        changes={"version": [None, 1]},
+        metadata=_template_snapshot(version),
+    )
+    event_emit(
+        type="template.version_created",
+        organization=workspace.organization,
+        workspace=workspace,
+        payload={"template": {"id": template.pk, "name": name, "version": 1}},
+    )
+    return version
+
+
+@transaction.atomic
+def template_update(
+    *,
+    actor: Actor,
+    template: JobTemplate,
+    spec_changes: dict[str, Any],
+    allowed_overrides: list[str] | None = None,
+    description: str | None = None,
+) -> JobTemplateVersion:
+    """Append a version: the latest spec with ``spec_changes`` applied (top-level fields)."""
+    template = (
+        JobTemplate.objects.select_for_update()
+        .select_related("workspace__organization")
+        .get(pk=template.pk)
+    )
+    if template.archived_at is not None:
+        raise Conflict("the template is archived")
+    latest = template.versions.get(version=template.latest_version)
+    merged = {**latest.spec, **spec_changes}
+    try:
+        clean = job_spec.validate_spec(merged, organization=template.workspace.organization)
+    except serializers.ValidationError as exc:
+        raise invalid_from_serializer(exc) from exc
+    overrides = (
+        _validate_overrides_list(allowed_overrides)
+        if allowed_overrides is not None
+        else latest.allowed_overrides
+    )
+    if description is not None:
+        template.description = description
+    if clean == latest.spec and overrides == latest.allowed_overrides:
+        template.save(update_fields=["description", "updated_at"])
+        return latest  # nothing to version
+    template.latest_version += 1
+    template.save(update_fields=["latest_version", "description", "updated_at"])
+    version = JobTemplateVersion.objects.create(
+        template=template,
+        version=template.latest_version,
+        spec=clean,
+        allowed_overrides=overrides,
+        created_by=actor.user,
+    )
+    changes = {
+        k: [latest.spec.get(k), clean.get(k)] for k in clean if latest.spec.get(k) != clean[k]
+    }
+    if overrides != latest.allowed_overrides:
+        changes["allowed_overrides"] = [latest.allowed_overrides, overrides]
+    changes["version"] = [latest.version, version.version]
+    audit.record(
+        actor=actor,
+        action="template.update",
+        target=template,
+        workspace=template.workspace,
+        changes=changes,
+    )
+    event_emit(
+        type="template.version_created",
+        organization=template.organization,
+        workspace=template.workspace,
+        payload={
+            "template": {"id": template.pk, "name": template.name, "version": version.version}
+        },
+    )
+    return version
+
+
+@transaction.atomic
+def template_archive(*, actor: Actor, template: JobTemplate) -> JobTemplate:
+    template = (
+        JobTemplate.objects.select_for_update().select_related("workspace").get(pk=template.pk)
+    )
+    if template.archived_at is None:
+        template.archived_at = timezone.now()
+        template.save(update_fields=["archived_at", "updated_at"])
+        audit.record(
+            actor=actor,
+            action="template.archive",
+            target=template,
+            workspace=template.workspace,
+            changes={"archived_at": [None, template.archived_at]},
+        )
+    return template
+
+
+# --- jobs --------------------------------------------------------------------------------------
+
+
+def resolve_spec(version: JobTemplateVersion, overrides: dict[str, Any], organization) -> dict:
+    """The template version's spec with the submitter's overrides, validated as a whole."""
+    if not isinstance(overrides, dict):
+        raise InvalidInput.on("overrides", "must be an object of spec fields")
+    refused = sorted(set(overrides) - set(version.allowed_overrides))
+    if refused:
+        allowed = ", ".join(version.allowed_overrides) or "nothing"
+        raise InvalidInput(
+            f"overrides.{refused[0]}: this template does not allow overriding it "
+            f"(allowed: {allowed})",
+            errors={
+                f"overrides.{name}": [f"not overridable (allowed: {allowed})"] for name in refused
+            },
+        )
+    try:
+        return job_spec.validate_spec({**version.spec, **overrides}, organization=organization)
+    except serializers.ValidationError as exc:
+        raise invalid_from_serializer(exc, prefix="overrides") from exc
+
+
+def approval_needed(workspace: Workspace, spec: dict, requested: dict[str, float]) -> str:
+    """Why this job needs approval under the workspace's policy ('' when it does not)."""
+    if workspace.approval_policy == ApprovalPolicy.ALWAYS:
+        return "the workspace requires approval for every job"
+    if workspace.approval_policy == ApprovalPolicy.THRESHOLD:
+        values = {**requested, "max_runtime_seconds": spec["max_runtime_seconds"]}
+        for key, limit in sorted(workspace.approval_thresholds.items()):
+            if values.get(key, 0) > limit:
+                return f"{key} {values[key]:g} is above the approval threshold {limit:g}"
+    return ""
+
+
+def _fingerprint(template_id: int, name: str, overrides: dict[str, Any]) -> str:
+    body = json.dumps([template_id, name, overrides], sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def job_submit(
+    *,
+    actor: Actor,
+    workspace: Workspace,
+    template: JobTemplate,
+    name: str = "",
+    overrides: dict[str, Any] | None = None,
+    idempotency_key: str | None = None,
+) -> tuple[Job, bool]:
+    """Submit a job from the template's latest version. Returns (job, created): a retried call
+    with the same Idempotency-Key returns the first job and creates nothing."""
+    overrides = overrides or {}
+    fingerprint = _fingerprint(template.pk, name, overrides)
+    if idempotency_key:
+        existing = _replay(workspace, actor, idempotency_key, fingerprint)
+        if existing is not None:
+            return existing, False
+    try:
+        with transaction.atomic():
+            return _job_create(
+                actor, workspace, template, name, overrides, idempotency_key, fingerprint
+            ), True
+    except IntegrityError:
+        # A concurrent request with the same key committed first.
+        existing = idempotency_key and _replay(workspace, actor, idempotency_key, fingerprint)
+        if existing:
+            return existing, False
+        raise
+
+
+def _replay(workspace, actor: Actor, key: str, fingerprint: str) -> Job | None:
+    job = Job.objects.filter(
+        workspace=workspace, submitted_by_id=actor.user_id, idempotency_key=key
+    ).first()
+    if job is not None and job.idempotency_fingerprint != fingerprint:
+        raise IdempotencyKeyReused(
+            "this Idempotency-Key was used for a different submission",
+            errors={"Idempotency-Key": ["already used with another request body"]},
+        )
+    return job
+
+
+def _job_create(actor, workspace, template, name, overrides, idempotency_key, fingerprint) -> Job:
+    if template.archived_at is not None:
+        raise InvalidInput.on("template", "the template is archived")
+    version = template.versions.get(version=template.latest_version)
+    spec = resolve_spec(version, overrides, workspace.organization)
+    requested = job_spec.requested_resources(spec)
+    reason = approval_needed(workspace, spec, requested)
+    job = Job.objects.create(
+        organization=workspace.organization,
+        workspace=workspace,
+        template_version=version,
+        name=name or template.name,
+        state=JobState.PENDING_APPROVAL if reason else JobState.QUEUED,
+        spec=spec,
+        overrides=overrides,
+        requested_cpu=requested["cpu"],
+        requested_memory_gb=requested["memory_gb"],
+        requested_gpu=requested["gpu"],
+        priority=spec["priority"],
+        submitted_by=actor.user,
+        approval_required=bool(reason),
+        approval_reason=reason,
+        idempotency_key=idempotency_key or None,
+        idempotency_fingerprint=fingerprint if idempotency_key else "",
+        queued_at=None if reason else timezone.now(),
+    )
+    job = Job.objects.select_related("workspace", "organization", "submitted_by").get(pk=job.pk)
+    record_event(
+        job,
+        from_state="",
+        kind="submitted",
+        actor=actor,
+        reason=reason,
+        data={"template": template.name, "template_version": version.version},
+        audit_action="job.submit",
+        changes={"state": [None, job.state]},
+    )
+    run_state_hooks(job)
+    return job
+
+
+def job_approve(*, actor: Actor, job: Job, reason: str = "") -> Job:
+    if job.submitted_by_id == actor.user_id:
+        raise SelfApprovalForbidden("a submitter cannot approve their own job")
+    now = timezone.now()
+
+    def decide(locked: Job) -> None:
+        locked.decided_by, locked.decided_at, locked.decision_reason = actor.user, now, reason
+
+    return transition(
+        job.pk,
+        JobState.QUEUED,
+        actor=actor,
+        kind="approved",
+        reason=reason,
+        audit_action="job.approve",
+        expect_from=frozenset({JobState.PENDING_APPROVAL}),
+        mutate=decide,
+    )
+
+
+def job_reject(*, actor: Actor, job: Job, reason: str) -> Job:
+    if not reason.strip():
+        raise InvalidInput.on("reason", "a rejection needs a reason")
+    if job.submitted_by_id == actor.user_id:
+        raise SelfApprovalForbidden("a submitter cannot decide on their own job")
+    now = timezone.now()
+
+    def decide(locked: Job) -> None:
+        locked.decided_by, locked.decided_at, locked.decision_reason = actor.user, now, reason
+
+    return transition(
+        job.pk,
+        JobState.REJECTED,
+        actor=actor,
+        kind="rejected",
+        reason=reason,
+        audit_action="job.reject",
+        mutate=decide,
+    )
+
+
+def job_cancel(*, actor: Actor, job: Job, may_cancel_any: bool, reason: str = "") -> Job:
+    if not may_cancel_any and job.submitted_by_id != actor.user_id:
+        raise Forbidden("developers may cancel only their own jobs")
+    return transition(
+        job.pk,
+        JobState.CANCELLED,
+        actor=actor,
+        kind="cancelled",
+        reason=reason or f"cancelled by {actor.label}",
+        audit_action="job.cancel",
+    )

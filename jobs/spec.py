@@ -1,0 +1,253 @@
+"""The job spec: its shape, its rules, and the resources it requests.
+
+A spec is what a template version holds and what a job resolves to (template + overrides)::
+
+    {"image", "entrypoint", "runtime_env": {"pip", "env_vars", "working_dir"},
+     "head": {"cpu", "memory_gb", "gpu"},
+     "worker_groups": [{"name", "replicas", "min_replicas", "max_replicas",
+                        "cpu", "memory_gb", "gpu", "resources"}],
+     "max_runtime_seconds", "max_retries", "priority", "ttl_seconds_after_finished"}
+
+Validation is a DRF serializer so every error names its field (``worker_groups.1.name``). The
+image policy needs the organisation: pass it as ``context={"organization": org}``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from rest_framework import serializers
+
+MAX_CPU = 512
+MAX_MEMORY_GB = 4096
+MAX_GPU = 64
+MAX_REPLICAS = 1000
+MAX_WORKER_GROUPS = 16
+MAX_ENTRYPOINT = 4096
+MAX_RUNTIME_SECONDS = 7 * 24 * 3600
+MIN_RAY_VERSION = (2, 6)
+
+SPEC_FIELDS = (
+    "image",
+    "entrypoint",
+    "runtime_env",
+    "head",
+    "worker_groups",
+    "max_runtime_seconds",
+    "max_retries",
+    "priority",
+    "ttl_seconds_after_finished",
+)
+OVERRIDABLE = frozenset(SPEC_FIELDS)
+
+DEFAULTS: dict[str, Any] = {
+    "runtime_env": {},
+    "head": {"cpu": 0, "memory_gb": 2, "gpu": 0},
+    "worker_groups": [],
+    "max_runtime_seconds": 3600,
+    "max_retries": 0,
+    "priority": 5,
+    "ttl_seconds_after_finished": 300,
+}
+
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,30}[a-z0-9])?$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+RESOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
+RESERVED_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
+RAY_TAG_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:[-.].*)?$")
+WORKING_DIR = re.compile(r"^(https?|s3|gs)://\S+$|^[^\s:]+$")
+
+
+def _resource_number(max_value: float, *, integer: bool = False):
+    if integer:
+        return serializers.IntegerField(min_value=0, max_value=int(max_value), default=0)
+    return serializers.FloatField(min_value=0, max_value=max_value, default=0)
+
+
+class NodeSpec(serializers.Serializer):
+    cpu = _resource_number(MAX_CPU)
+    memory_gb = _resource_number(MAX_MEMORY_GB)
+    gpu = _resource_number(MAX_GPU, integer=True)
+
+
+class HeadSpec(NodeSpec):
+    pass
+
+
+class WorkerGroupSpec(NodeSpec):
+    name = serializers.CharField(max_length=32, help_text="DNS-safe, unique within the job")
+    replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS)
+    min_replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, required=False)
+    max_replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, required=False)
+    resources = serializers.DictField(
+        child=serializers.FloatField(min_value=0, max_value=1_000_000), required=False, default=dict
+    )
+
+    def validate_name(self, value: str) -> str:
+        if not DNS_LABEL.match(value):
+            raise serializers.ValidationError(
+                "must be DNS-safe: lowercase letters, digits and '-', starting with a letter"
+            )
+        return value
+
+    def validate_resources(self, value: dict[str, float]) -> dict[str, float]:
+        for name in value:
+            if name in RESERVED_RESOURCES:
+                raise serializers.ValidationError(f"{name!r} is set by cpu/gpu/memory_gb instead")
+            if not RESOURCE_NAME.match(name):
+                raise serializers.ValidationError(f"{name!r} is not a valid resource name")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs.setdefault("min_replicas", attrs["replicas"])
+        attrs.setdefault("max_replicas", max(attrs["replicas"], attrs["min_replicas"]))
+        if not attrs["min_replicas"] <= attrs["replicas"] <= attrs["max_replicas"]:
+            raise serializers.ValidationError(
+                {"replicas": ["must be within min_replicas..max_replicas"]}
+            )
+        return attrs
+
+
+class RuntimeEnvSpec(serializers.Serializer):
+    pip = serializers.ListField(
+        child=serializers.CharField(max_length=200), required=False, max_length=100
+    )
+    env_vars = serializers.DictField(
+        child=serializers.CharField(max_length=4096, allow_blank=True), required=False
+    )
+    working_dir = serializers.CharField(max_length=1000, required=False)
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {
+                        key: [f"unsupported runtime_env key; allowed: {', '.join(self.fields)}"]
+                        for key in unknown
+                    }
+                )
+        return super().to_internal_value(data)
+
+    def validate_pip(self, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                Requirement(entry)
+            except InvalidRequirement as exc:
+                raise serializers.ValidationError(
+                    f"{entry!r} is not a requirement specifier (e.g. 'requests==2.32.3'): {exc}"
+                ) from exc
+        return value
+
+    def validate_env_vars(self, value: dict[str, str]) -> dict[str, str]:
+        bad = [name for name in value if not ENV_NAME.match(name)]
+        if bad:
+            raise serializers.ValidationError(
+                f"invalid environment variable name(s): {', '.join(bad)}"
+            )
+        return value
+
+    def validate_working_dir(self, value: str) -> str:
+        if not WORKING_DIR.match(value):
+            raise serializers.ValidationError("must be a path or an http(s)://, s3:// or gs:// URI")
+        return value
+
+
+def ray_version_of(image: str) -> tuple[int, int] | None:
+    """The Ray version an image tag names (``rayproject/ray:2.9.3-py310`` → (2, 9)), if any."""
+    tag = image.rsplit("/", 1)[-1].partition(":")[2].partition("@")[0]
+    match = RAY_TAG_VERSION.match(tag)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+class JobSpec(serializers.Serializer):
+    image = serializers.CharField(max_length=300)
+    entrypoint = serializers.CharField(max_length=MAX_ENTRYPOINT, trim_whitespace=False)
+    runtime_env = RuntimeEnvSpec(required=False)
+    head = HeadSpec(required=False)
+    worker_groups = WorkerGroupSpec(many=True, required=False, max_length=MAX_WORKER_GROUPS)
+    max_runtime_seconds = serializers.IntegerField(
+        min_value=1, max_value=MAX_RUNTIME_SECONDS, required=False
+    )
+    max_retries = serializers.IntegerField(min_value=0, max_value=10, required=False)
+    priority = serializers.IntegerField(
+        min_value=1, max_value=9, required=False, help_text="1-9, 9 highest"
+    )
+    ttl_seconds_after_finished = serializers.IntegerField(
+        min_value=0, max_value=MAX_RUNTIME_SECONDS, required=False
+    )
+
+    def validate_entrypoint(self, value: str) -> str:
+        if "\n" in value or "\r" in value:
+            raise serializers.ValidationError(
+                "must be a single line; join several commands with '&&'"
+            )
+        if not value.strip():
+            raise serializers.ValidationError("must not be blank")
+        return value.strip()
+
+    def validate_image(self, value: str) -> str:
+        value = value.strip()
+        if not value or any(c.isspace() for c in value):
+            raise serializers.ValidationError("must be an image reference without spaces")
+        org = self.context.get("organization")
+        prefixes = list(org.allowed_image_prefixes) if org is not None else []
+        if org is not None and not any(value.startswith(p) for p in prefixes):
+            allowed = ", ".join(prefixes) or "none (the organisation allows no images)"
+            raise serializers.ValidationError(
+                f"not allowed by the organisation's image policy; allowed prefixes: {allowed}"
+            )
+        version = ray_version_of(value)
+        if version is not None and version < MIN_RAY_VERSION:
+            raise serializers.ValidationError(
+                f"Ray {version[0]}.{version[1]} is too old; Manta needs Ray >= 2.6"
+            )
+        return value
+
+    def validate_worker_groups(self, value: list[dict]) -> list[dict]:
+        names = [group["name"] for group in value]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise serializers.ValidationError(
+                f"worker group names must be unique: {', '.join(duplicates)}"
+            )
+        return value
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if isinstance(data, dict):
+            heads = data.get("head")
+            if isinstance(heads, list):
+                raise serializers.ValidationError(
+                    {"head": ["exactly one head: an object, not a list"]}
+                )
+        value = super().to_internal_value(data)
+        for key, default in DEFAULTS.items():
+            value.setdefault(key, default)
+        value["runtime_env"] = {k: v for k, v in value["runtime_env"].items() if v not in ({}, [])}
+        return value
+
+
+def validate_spec(data: Any, *, organization: Any) -> dict[str, Any]:
+    """A complete, normalised spec, or a ValidationError naming each bad field."""
+    serializer = JobSpec(data=data, context={"organization": organization})
+    serializer.is_valid(raise_exception=True)
+    return _plain(serializer.validated_data)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
+
+
+def requested_resources(spec: dict[str, Any]) -> dict[str, float]:
+    """What the job asks for: the head plus replicas × node spec of every worker group."""
+    total = {key: float(spec["head"].get(key, 0)) for key in ("cpu", "memory_gb", "gpu")}
+    for group in spec["worker_groups"]:
+        for key in total:
+            total[key] += group["replicas"] * float(group.get(key, 0))
+    return {key: round(value, 3) for key, value in total.items()}

@@ -1,0 +1,200 @@
+"""The job state machine, in one place.
+
+::
+
+    pending_approval ──approve──▶ queued ──admit──▶ launching ──▶ running ──▶ succeeded
+            │      ╲                 ▲  │              │             │  ╲──▶ failed
+          reject    cancel           │  cancel      fail/cancel      │   ╲─▶ cancelled
+            ▼                        │                               │
+         rejected          retry / preempt ◀─────────────────────────┘
+
+Every change goes through :func:`transition`: it locks the job row (so two writers serialise
+instead of racing a read-then-write), refuses an illegal move with 409 ``invalid_transition``,
+appends a JobEvent, records the audit event and emits the domain event — in one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from audit import services as audit
+from audit.context import Actor
+from config.errors import Conflict
+from notifications.services import event_emit
+
+from .models import TERMINAL_STATES, Job, JobEvent, JobState
+
+S = JobState
+TRANSITIONS: dict[str, frozenset[str]] = {
+    S.PENDING_APPROVAL: frozenset({S.QUEUED, S.REJECTED, S.CANCELLED}),
+    S.QUEUED: frozenset({S.LAUNCHING, S.CANCELLED}),
+    S.LAUNCHING: frozenset({S.RUNNING, S.FAILED, S.CANCELLED, S.QUEUED, S.SUCCEEDED}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.QUEUED}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+    S.REJECTED: frozenset(),
+}
+
+# The domain event each kind of move announces (kind defaults to the target state).
+EVENT_TYPES = {
+    "submitted": "job.submitted",
+    "approved": "job.approved",
+    "rejected": "job.rejected",
+    "queued": "job.queued",
+    "launching": "job.launching",
+    "running": "job.running",
+    "succeeded": "job.succeeded",
+    "failed": "job.failed",
+    "cancelled": "job.cancelled",
+    "preempted": "job.preempted",
+}
+
+
+def event_types(kind: str, state: str) -> list[str]:
+    """The domain events one move announces: its own, plus ``job.queued`` whenever the job lands
+    in the queue and ``job.approval_requested`` when a submission waits for approval."""
+    types = [EVENT_TYPES[kind]] if kind in EVENT_TYPES else []
+    if state == S.QUEUED and "job.queued" not in types:
+        types.append("job.queued")
+    if kind == "submitted" and state == S.PENDING_APPROVAL:
+        types.append("job.approval_requested")
+    return types
+
+
+# Called on commit after a job reaches a state (registered by the launch and quota layers).
+_on_state: dict[str, list[Callable[[int], None]]] = {}
+
+
+def on_state(state: str, callback: Callable[[int], None]) -> None:
+    """Run ``callback(job_id)`` after the commit of every transition into ``state``."""
+    _on_state.setdefault(state, []).append(callback)
+
+
+class InvalidTransition(Conflict):
+    type = "invalid_transition"
+
+
+def is_legal(from_state: str, to_state: str) -> bool:
+    return to_state in TRANSITIONS[from_state]
+
+
+def job_payload(job: Job) -> dict[str, Any]:
+    return {
+        "job": {
+            "id": job.pk,
+            "name": job.name,
+            "state": job.state,
+            "workspace": job.workspace.slug,
+            "organization": job.organization.slug,
+            "submitted_by": job.submitted_by.email,
+            "requested": job.requested,
+            "priority": job.priority,
+            "failure_reason": job.failure_reason,
+            "message": job.message[:2000],
+        }
+    }
+
+
+def record_event(
+    job: Job,
+    *,
+    from_state: str,
+    kind: str,
+    actor: Actor,
+    reason: str = "",
+    data: dict[str, Any] | None = None,
+    audit_action: str | None = None,
+    changes: dict[str, Any] | None = None,
+) -> JobEvent:
+    """The side effects every state change shares: timeline entry, audit event, domain event."""
+    event = JobEvent.objects.create(
+        job=job,
+        from_state=from_state,
+        to_state=job.state,
+        kind=kind,
+        actor=actor.user,
+        actor_label=actor.label,
+        reason=reason[:1000],
+        data=data or {},
+    )
+    audit.record(
+        actor=actor,
+        action=audit_action or "job.transition",
+        target=job,
+        target_repr=f"job {job.pk} {job.name}",
+        workspace=job.workspace,
+        changes=changes or {"state": [from_state or None, job.state]},
+        metadata={"kind": kind, "reason": reason, **(data or {})},
+    )
+    for event_type in event_types(kind, job.state):
+        event_emit(
+            type=event_type,
+            organization=job.organization,
+            workspace=job.workspace,
+            payload={**job_payload(job), "reason": reason, "actor": actor.label},
+        )
+    return event
+
+
+@transaction.atomic
+def transition(
+    job_id: int,
+    to_state: str,
+    *,
+    actor: Actor,
+    kind: str | None = None,
+    reason: str = "",
+    data: dict[str, Any] | None = None,
+    audit_action: str | None = None,
+    expect_from: frozenset[str] | None = None,
+    mutate: Callable[[Job], None] | None = None,
+) -> Job:
+    """Move job ``job_id`` to ``to_state`` or raise :class:`InvalidTransition`.
+
+    ``expect_from`` narrows the legal sources further (an approval only moves a job that is
+    waiting for one); ``mutate`` sets other fields on the locked row before it is saved.
+    """
+    job = (
+        Job.objects.select_for_update(of=("self",))
+        .select_related("workspace", "organization", "submitted_by")
+        .get(pk=job_id)
+    )
+    from_state = job.state
+    if not is_legal(from_state, to_state) or (expect_from and from_state not in expect_from):
+        raise InvalidTransition(
+            f"job {job.pk} is {from_state}; it cannot become {to_state}",
+            errors={"state": [f"{from_state} → {to_state} is not allowed"]},
+        )
+    now = timezone.now()
+    job.state = to_state
+    if to_state == S.QUEUED:
+        job.queued_at = job.queued_at or now
+    elif to_state == S.RUNNING:
+        job.started_at = job.started_at or now
+    elif to_state in TERMINAL_STATES:
+        job.finished_at = now
+    if mutate:
+        mutate(job)
+    job.save()
+    record_event(
+        job,
+        from_state=from_state,
+        kind=kind or to_state,
+        actor=actor,
+        reason=reason,
+        data=data,
+        audit_action=audit_action,
+    )
+    run_state_hooks(job)
+    return job
+
+
+def run_state_hooks(job: Job) -> None:
+    """Schedule the callbacks registered for the job's new state, to run after commit."""
+    for callback in _on_state.get(job.state, []):
+        transaction.on_commit(lambda cb=callback, job_id=job.pk: cb(job_id))

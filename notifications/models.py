@@ -1,0 +1,34 @@
+"""Domain events: the outbox. A row is written in the same transaction as the change it
+describes; delivery (webhooks, email) reads from here, so nothing is announced that did not
+commit, and nothing that committed is lost."""
+
+import uuid
+
+from django.db import models
+
+
+class DomainEvent(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    type = models.CharField(max_length=64)  # job.submitted, job.approved, member.added, …
+    organization = models.ForeignKey(
+        "workspaces.Organization", on_delete=models.PROTECT, related_name="+"
+    )
+    workspace = models.ForeignKey(
+        "workspaces.Workspace", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    occurred_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    payload = models.JSONField(default=dict)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["occurred_at", "id"]
+        indexes = [
+            models.Index(
+                fields=["occurred_at"],
+                condition=models.Q(dispatched_at__isnull=True),
+                name="event_undispatched_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.id}"

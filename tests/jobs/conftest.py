@@ -1,0 +1,36 @@
+import copy
+
+import pytest
+
+from audit.context import Actor
+from jobs import services
+from jobs.api.serializers import COUNTER_SPEC
+from tests.conftest import SYSTEM
+
+
+def counter_spec(**changes):
+    spec = copy.deepcopy(COUNTER_SPEC)
+    spec.update(changes)
+    return spec
+
+
+@pytest.fixture
+def template(world):
+    version = services.template_create(
+        actor=Actor.for_user(world.users["ws_admin"]),
+        workspace=world.ws,
+        name="counter",
+        spec=counter_spec(),
+        allowed_overrides=["entrypoint", "worker_groups", "priority", "max_runtime_seconds"],
+    )
+    return version.template
+
+
+def submit(world, template, who="developer", **kwargs):
+    job, _ = services.job_submit(
+        actor=Actor.for_user(world.users[who]), workspace=world.ws, template=template, **kwargs
+    )
+    return job
+
+
+__all__ = ["SYSTEM", "counter_spec", "submit"]
