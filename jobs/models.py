@@ -7,6 +7,8 @@ and a job pins the version it was submitted from. Job state changes only through
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.db import models
 
@@ -144,6 +146,67 @@ class Job(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+
+class AttemptState(models.TextChoices):
+    LAUNCHING = "launching"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+
+
+ATTEMPT_ACTIVE = frozenset({AttemptState.LAUNCHING, AttemptState.RUNNING})
+
+
+class JobAttempt(models.Model):
+    """One try of a job on one cluster. Its id is the Ray job's submission_id, so a repeated
+    submit after a crash adopts the existing Ray job instead of running it twice."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveSmallIntegerField()
+    state = models.CharField(
+        max_length=16, choices=AttemptState.choices, default=AttemptState.LAUNCHING
+    )
+    target_kind = models.CharField(max_length=16)
+    target_name = models.CharField(max_length=64)
+    cluster_name = models.CharField(max_length=63)
+    dashboard_url = models.CharField(max_length=200, blank=True)
+    # The launcher's handle (addresses, process groups, cluster token), encrypted at rest.
+    handle_encrypted = models.TextField(blank=True)
+    submitted = models.BooleanField(default=False)
+    ray_status = models.CharField(max_length=16, blank=True)
+    ray_message = models.TextField(blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    failure_reason = models.CharField(max_length=64, blank=True)
+    log_archive = models.TextField(blank=True)
+    # Held while a worker launches or tears down the attempt (renewed while it works).
+    lease_until = models.DateTimeField(null=True, blank=True)
+    # Bumped by the sweep when it restarts following; a follow task with an older token stops.
+    follow_token = models.PositiveIntegerField(default=0)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    cluster_ready_at = models.DateTimeField(null=True, blank=True)
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    running_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    torn_down_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job_id", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="uniq_attempt_number"),
+        ]
+        indexes = [models.Index(fields=["state", "heartbeat_at"], name="attempt_state_hb_idx")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.number} ({self.state})"
+
+    @property
+    def submission_id(self) -> str:
+        return str(self.id)
 
 
 class JobEvent(models.Model):

@@ -32,6 +32,7 @@ def jobs_of(workspace) -> QuerySet[Job]:
     return (
         Job.objects.filter(workspace=workspace)
         .select_related("submitted_by", "decided_by", "template_version__template", "workspace")
+        .prefetch_related("attempts")
         .order_by("-id")
     )
 

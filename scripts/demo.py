@@ -37,6 +37,7 @@ ENV = {
     "MANTA_VAR_DIR": str(VAR),
     "DATABASE_URL": f"sqlite:///{VAR / 'manta.sqlite3'}",
     "CELERY_BROKER_URL": "filesystem://",
+    "MANTA_LOCAL_RAY_DIR": "/tmp/manta-demo-ray",
     "PYTHONUNBUFFERED": "1",
 }
 
@@ -149,7 +150,8 @@ def scenario(base: str, owner_token: str) -> None:
     missing = Api(base).call("GET", "/api/v1/me/", expect=401)
     print("    without a token:", json.dumps(missing))
 
-    jobs_flow(owner, admin, dev)
+    job = jobs_flow(owner, admin, dev)
+    show_result(dev, follow_job(dev, job["id"]))
 
     step("The audit trail (newest first)")
     events = owner.call("GET", "/api/v1/orgs/demo/audit-events/?page_size=20", expect=200)
@@ -226,8 +228,51 @@ def jobs_flow(owner: Api, admin: Api, dev: Api) -> dict:
         "POST", f"{ws}/jobs/{job['id']}/approve/", {"reason": "fits the budget"}, expect=200
     )
     print("   ", brief(approved, ["id", "state", "decided_by", "decision_reason"]))
-    show_timeline(dev, f"{ws}/jobs/{job['id']}/events/")
     return approved
+
+
+def follow_job(dev: Api, job_id: int, timeout: float = 300) -> dict:
+    ws = "/api/v1/orgs/demo/workspaces/ml-research"
+    step("The worker admits it, launches a real local Ray cluster, and follows it")
+    seen, deadline = None, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = dev.call("GET", f"{ws}/jobs/{job_id}/", show=False)
+        attempt = job["attempts"][-1] if job["attempts"] else {}
+        now = (job["state"], attempt.get("state"), attempt.get("ray_status"))
+        if now != seen:
+            seen = now
+            extra = f" cluster={attempt['cluster_name']}" if attempt.get("cluster_name") else ""
+            if attempt.get("dashboard_url"):
+                extra += f" dashboard={attempt['dashboard_url']}"
+            print(
+                f"    {time.strftime('%H:%M:%S')} job {job['state']:<10} "
+                f"ray={attempt.get('ray_status') or '-':<9}{extra}"
+            )
+        if job["state"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.5)
+    raise SystemExit(f"job {job_id} did not finish within {timeout:.0f}s")
+
+
+def show_result(dev: Api, job: dict) -> None:
+    ws = "/api/v1/orgs/demo/workspaces/ml-research"
+    attempt = job["attempts"][-1]
+    step(f"Result: {job['state']}")
+    print("    submission id:", attempt["submission_id"])
+    print("    phases (s):   ", json.dumps(attempt["phases"]))
+    plan = dev.call("GET", f"{ws}/jobs/{job['id']}/launch-plan/", show=False)
+    for node in plan["nodes"]:
+        print(
+            f"    node {node['role']:<6} {node['group']:<8}",
+            json.dumps({k: v for k, v in node.items() if k not in ("role", "group", "index")}),
+        )
+    logs = dev.call("GET", f"{ws}/jobs/{job['id']}/logs/?tail=5", expect=200)
+    print(f"    driver log ({logs['source']}, last lines):")
+    for line in logs["logs"].splitlines():
+        print("      |", line)
+    show_timeline(dev, f"{ws}/jobs/{job['id']}/events/")
+    if job["state"] != "succeeded":
+        raise SystemExit(f"the demo job ended {job['state']}: {job['message']}")
 
 
 def show_timeline(api: Api, url: str) -> None:
@@ -256,11 +301,40 @@ def main() -> None:
         step(f"Start the API on {base}")
         services.start(
             "api",
-            [PY, "-m", "gunicorn", "config.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2",
-             "--access-logfile", "-"],
-        )  # fmt: skip
+            [
+                PY,
+                "-m",
+                "gunicorn",
+                "config.wsgi",
+                "-b",
+                f"127.0.0.1:{port}",
+                "-w",
+                "2",
+                "--access-logfile",
+                "-",
+            ],
+        )
+        services.start(
+            "worker",
+            [
+                PY,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "-B",
+                "-l",
+                "info",
+                "--concurrency",
+                "2",
+                "-s",
+                str(VAR / "beat-schedule"),
+            ],
+        )
         wait_ready(base)
         print("    ready:", requests.get(base + "/readyz", timeout=5).json())
+        print(f"    worker: celery (filesystem broker under {VAR / 'broker'}), logs in worker.log")
         scenario(base, owner_token)
     finally:
         step("Stop everything the demo started")

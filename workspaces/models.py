@@ -207,3 +207,33 @@ class ApiToken(models.Model):
         if self.revoked_at is not None:
             return False
         return self.expires_at is None or self.expires_at > now
+
+
+class ComputeTargetKind(models.TextChoices):
+    LOCAL = "local"
+    RAY = "ray"
+    KUBERAY = "kuberay"
+
+
+class ComputeTarget(models.Model):
+    """Where an org's jobs run. A workspace names one in ``compute_target``; ``local`` (an
+    ephemeral Ray cluster per attempt on the worker's host) exists implicitly in every org."""
+
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="compute_targets"
+    )
+    name = models.SlugField(max_length=64, validators=[slug_validator])
+    kind = models.CharField(max_length=16, choices=ComputeTargetKind.choices)
+    config = models.JSONField(default=dict, blank=True)  # without secrets
+    secret_encrypted = models.TextField(blank=True)  # e.g. the ray cluster's auth token
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "name"], name="uniq_compute_target"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"

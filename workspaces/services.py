@@ -17,10 +17,12 @@ from guardian.shortcuts import assign_perm
 
 from audit import services as audit
 from audit.context import Actor
+from config import secrets as secrets_box
 from config.errors import Conflict, InvalidInput, clean_or_raise
 
 from .models import (
     ApiToken,
+    ComputeTarget,
     Organization,
     OrgMembership,
     OrgRole,
@@ -271,6 +273,14 @@ def workspace_update(*, actor: Actor, workspace: Workspace, data: dict[str, Any]
         if field in data:
             setattr(ws, field, data[field])
     changes = audit.diff(ws, before, WORKSPACE_EDITABLE)
+    target_known = (
+        ws.compute_target == "local"
+        or ComputeTarget.objects.filter(
+            organization_id=ws.organization_id, name=ws.compute_target
+        ).exists()
+    )
+    if "compute_target" in changes and not target_known:
+        raise InvalidInput.on("compute_target", "no compute target with this name")
     if changes:
         clean_or_raise(ws)
         ws.save(update_fields=list(changes))
@@ -384,3 +394,85 @@ def member_remove(*, actor: Actor, membership: WorkspaceMembership) -> None:
         metadata={"user": membership.user.email},
     )
     membership.delete()
+
+
+# --- compute targets ---------------------------------------------------------------------------
+
+SECRET_CONFIG_KEYS = ("token", "kubeconfig")
+
+
+def _split_secrets(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    plain = {k: v for k, v in config.items() if k not in SECRET_CONFIG_KEYS}
+    hidden = {k: config[k] for k in SECRET_CONFIG_KEYS if config.get(k)}
+    return plain, hidden
+
+
+@transaction.atomic
+def compute_target_create(
+    *, actor: Actor, organization: Organization, name: str, kind: str, config: dict[str, Any]
+) -> ComputeTarget:
+    if ComputeTarget.objects.filter(organization=organization, name=name).exists():
+        raise Conflict(f"compute target {name!r} exists", errors={"name": ["already taken"]})
+    plain, hidden = _split_secrets(config)
+    target = ComputeTarget.objects.create(
+        organization=organization,
+        name=name,
+        kind=kind,
+        config=plain,
+        secret_encrypted=secrets_box.encrypt_json(hidden) if hidden else "",
+    )
+    audit.record(
+        actor=actor,
+        action="compute_target.create",
+        target=target,
+        organization=organization,
+        changes={"kind": [None, kind], "config": [None, plain]},
+        metadata={"secrets": sorted(hidden)},
+    )
+    return target
+
+
+@transaction.atomic
+def compute_target_update(
+    *, actor: Actor, target: ComputeTarget, config: dict[str, Any]
+) -> ComputeTarget:
+    target = ComputeTarget.objects.select_for_update().get(pk=target.pk)
+    plain, hidden = _split_secrets(config)
+    before = target.config
+    target.config = plain
+    if hidden:
+        target.secret_encrypted = secrets_box.encrypt_json(hidden)
+    target.save(update_fields=["config", "secret_encrypted", "updated_at"])
+    audit.record(
+        actor=actor,
+        action="compute_target.update",
+        target=target,
+        organization=target.organization,
+        changes={"config": [before, plain]},
+        metadata={"secrets_replaced": sorted(hidden)},
+    )
+    return target
+
+
+@transaction.atomic
+def compute_target_delete(*, actor: Actor, target: ComputeTarget) -> None:
+    in_use = Workspace.objects.filter(
+        organization_id=target.organization_id, compute_target=target.name, archived_at=None
+    ).values_list("slug", flat=True)
+    if in_use:
+        raise Conflict(
+            f"compute target {target.name!r} is used by workspace(s) {', '.join(in_use)}",
+            errors={"name": ["in use"]},
+        )
+    audit.record(
+        actor=actor,
+        action="compute_target.delete",
+        target=target,
+        organization=target.organization,
+        changes={"kind": [target.kind, None]},
+    )
+    target.delete()
+
+
+def compute_target_secrets(target: ComputeTarget) -> dict[str, Any]:
+    return secrets_box.decrypt_json(target.secret_encrypted) or {}

@@ -2,7 +2,7 @@ from drf_spectacular.utils import OpenApiExample, extend_schema_field, extend_sc
 from rest_framework import serializers
 
 from jobs import spec as job_spec
-from jobs.models import Job, JobEvent, JobState, JobTemplate, JobTemplateVersion
+from jobs.models import Job, JobAttempt, JobEvent, JobState, JobTemplate, JobTemplateVersion
 
 COUNTER_SPEC = {
     "image": "rayproject/ray:2.60.0",
@@ -196,6 +196,63 @@ class RejectInput(serializers.Serializer):
     reason = serializers.CharField(max_length=1000, help_text="Why the job is rejected")
 
 
+def _seconds(start, end) -> float | None:
+    return round((end - start).total_seconds(), 3) if start and end else None
+
+
+class AttemptOutput(serializers.ModelSerializer):
+    submission_id = serializers.CharField(help_text="The Ray job's submission_id")
+    compute_target = serializers.CharField(source="target_name")
+    phases = serializers.SerializerMethodField(help_text="Seconds spent in each phase")
+
+    class Meta:
+        model = JobAttempt
+        fields = [
+            "number",
+            "state",
+            "submission_id",
+            "compute_target",
+            "target_kind",
+            "cluster_name",
+            "dashboard_url",
+            "ray_status",
+            "ray_message",
+            "exit_code",
+            "failure_reason",
+            "created_at",
+            "cluster_ready_at",
+            "submitted_at",
+            "running_at",
+            "finished_at",
+            "torn_down_at",
+            "phases",
+        ]
+
+    def get_phases(self, attempt) -> dict[str, float | None]:
+        return {
+            "cluster_start": _seconds(attempt.created_at, attempt.cluster_ready_at),
+            "submit": _seconds(attempt.cluster_ready_at, attempt.submitted_at),
+            "to_running": _seconds(attempt.submitted_at, attempt.running_at),
+            "run": _seconds(attempt.running_at, attempt.finished_at),
+            "teardown": _seconds(attempt.finished_at, attempt.torn_down_at),
+        }
+
+
+@extend_schema_serializer(
+    examples=[
+        OpenApiExample(
+            "After the attempt ended",
+            value={"attempt": 1, "source": "archive", "logs": "counter reached 20\n"},
+            response_only=True,
+        )
+    ]
+)
+class JobLogsOutput(serializers.Serializer):
+    attempt = serializers.IntegerField(allow_null=True)
+    source = serializers.ChoiceField(choices=["live", "archive", "none"])
+    logs = serializers.CharField(allow_blank=True)
+
+
 @extend_schema_serializer(
     examples=[
         OpenApiExample(
@@ -223,6 +280,7 @@ class RejectInput(serializers.Serializer):
                 "started_at": None,
                 "finished_at": None,
                 "updated_at": "2026-12-02T10:00:00Z",
+                "attempts": [],
             },
             response_only=True,
         )
@@ -237,6 +295,7 @@ class JobOutput(serializers.ModelSerializer):
     submitted_by = serializers.EmailField(source="submitted_by.email")
     decided_by = serializers.EmailField(source="decided_by.email", allow_null=True, default=None)
     state = serializers.ChoiceField(choices=JobState.choices)
+    attempts = AttemptOutput(many=True, read_only=True)
 
     class Meta:
         model = Job
@@ -263,6 +322,7 @@ class JobOutput(serializers.ModelSerializer):
             "started_at",
             "finished_at",
             "updated_at",
+            "attempts",
         ]
 
     def get_template(self, job) -> dict:
@@ -295,3 +355,54 @@ class JobEventOutput(serializers.ModelSerializer):
     class Meta:
         model = JobEvent
         fields = ["id", "kind", "from_state", "to_state", "actor", "reason", "data", "created_at"]
+
+
+class LogsQuery(serializers.Serializer):
+    tail = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
+    attempt = serializers.IntegerField(min_value=1, required=False)
+
+
+@extend_schema_serializer(
+    examples=[
+        OpenApiExample(
+            "local",
+            value={
+                "kind": "local",
+                "cluster_name": "manta-acme-ml-42-1",
+                "nodes": [
+                    {
+                        "role": "head",
+                        "group": "head",
+                        "num_cpus": 0,
+                        "num_gpus": 0,
+                        "memory_bytes": 2147483648,
+                        "resources": {},
+                    },
+                    {
+                        "role": "worker",
+                        "group": "workers",
+                        "index": 0,
+                        "num_cpus": 1,
+                        "num_gpus": 0,
+                        "memory_bytes": 1073741824,
+                        "resources": {},
+                    },
+                ],
+                "submission": {
+                    "submission_id": "5d1c…",
+                    "entrypoint": "python main.py",
+                    "runtime_env": {},
+                    "entrypoint_num_cpus": 0,
+                },
+            },
+            response_only=True,
+        )
+    ]
+)
+class LaunchPlanOutput(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["local", "ray", "kuberay"])
+    cluster_name = serializers.CharField(allow_null=True, required=False)
+    nodes = serializers.ListField(child=serializers.DictField(), required=False)
+    submission = serializers.DictField(required=False)
+    manifest = serializers.DictField(required=False, help_text="kuberay: the RayJob")
+    address = serializers.CharField(required=False, help_text="ray: the cluster's dashboard")

@@ -19,4 +19,6 @@ urlpatterns = [
     path(WS + "jobs/<int:pk>/reject/", JobViewSet.as_view({"post": "reject"})),
     path(WS + "jobs/<int:pk>/cancel/", JobViewSet.as_view({"post": "cancel"})),
     path(WS + "jobs/<int:pk>/events/", JobViewSet.as_view({"get": "events"})),
+    path(WS + "jobs/<int:pk>/logs/", JobViewSet.as_view({"get": "logs"})),
+    path(WS + "jobs/<int:pk>/launch-plan/", JobViewSet.as_view({"get": "launch_plan"})),
 ]

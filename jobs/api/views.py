@@ -6,7 +6,8 @@ from rest_framework import exceptions, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from jobs import selectors, services
+from jobs import execution, selectors, services
+from jobs.launchers.base import LaunchError
 from jobs.models import Job, JobState, JobTemplate
 from jobs.spec import SPEC_FIELDS
 from workspaces import roles
@@ -130,6 +131,8 @@ class JobViewSet(WorkspaceViewSet):
         "list": roles.WS_VIEW,
         "retrieve": roles.WS_VIEW,
         "events": roles.WS_VIEW,
+        "logs": roles.WS_VIEW,
+        "launch_plan": roles.WS_VIEW,
         "create": roles.WS_SUBMIT_JOB,
         "approve": roles.WS_APPROVE_JOB,
         "reject": roles.WS_APPROVE_JOB,
@@ -227,3 +230,36 @@ class JobViewSet(WorkspaceViewSet):
         events = selectors.job_events(self._job(pk))
         page = self.paginate_queryset(events)
         return self.get_paginated_response(s.JobEventOutput(page, many=True).data)
+
+    @extend_schema(
+        operation_id="job_logs",
+        parameters=[
+            OpenApiParameter("tail", int, description="Only the last N lines"),
+            OpenApiParameter("attempt", int, description="Attempt number (default: latest)"),
+        ],
+        responses=s.JobLogsOutput,
+    )
+    @action(detail=True)
+    def logs(self, request, org=None, ws=None, pk=None):
+        params = s.LogsQuery(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        job = self._job(pk)
+        body = execution.job_logs(
+            job, number=params.validated_data.get("attempt"), tail=params.validated_data.get("tail")
+        )
+        return Response(s.JobLogsOutput(body).data)
+
+    @extend_schema(
+        operation_id="job_launch_plan",
+        responses=s.LaunchPlanOutput,
+        description="What the job's compute target launches: the RayJob manifest (kuberay), "
+        "the nodes and their logical resources (local), or the submission (ray).",
+    )
+    @action(detail=True, url_path="launch-plan")
+    def launch_plan(self, request, org=None, ws=None, pk=None):
+        job = self._job(pk)
+        try:
+            plan = execution.plan_for(job)
+        except LaunchError as exc:
+            raise exceptions.ValidationError({"compute_target": [str(exc)]}) from exc
+        return Response(plan)

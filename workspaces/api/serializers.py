@@ -4,6 +4,7 @@ from rest_framework import serializers
 from workspaces.models import (
     ApiToken,
     ApprovalPolicy,
+    ComputeTarget,
     Organization,
     OrgMembership,
     OrgRole,
@@ -175,3 +176,92 @@ class MemberOutput(serializers.ModelSerializer):
     class Meta:
         model = WorkspaceMembership
         fields = ["id", "user_id", "email", "role", "created_at"]
+
+
+# --- compute targets ---------------------------------------------------------------------------
+
+
+class LocalTargetConfig(serializers.Serializer):
+    start_timeout_seconds = serializers.IntegerField(min_value=10, max_value=1800, required=False)
+    object_store_memory_bytes = serializers.IntegerField(
+        min_value=78643200, max_value=1 << 40, required=False
+    )
+
+
+class RayTargetConfig(serializers.Serializer):
+    address = serializers.RegexField(
+        r"^https?://[^\s/]+(:\d+)?/?$", help_text="The Ray dashboard, e.g. http://ray-head:8265"
+    )
+    token = serializers.CharField(
+        required=False, write_only=True, max_length=4096, help_text="Stored encrypted"
+    )
+
+
+class KubeRayTargetConfig(serializers.Serializer):
+    namespace_pattern = serializers.CharField(
+        max_length=100, required=False, default="manta-{workspace}"
+    )
+    kubeconfig = serializers.CharField(
+        required=False,
+        write_only=True,
+        max_length=200_000,
+        help_text="kubeconfig YAML; stored encrypted",
+    )
+    context = serializers.CharField(required=False, max_length=200)
+    in_cluster = serializers.BooleanField(required=False, default=False)
+
+    def validate(self, attrs):
+        if not attrs.get("in_cluster") and not attrs.get("kubeconfig"):
+            raise serializers.ValidationError(
+                {"kubeconfig": ["required unless in_cluster is true"]}
+            )
+        return attrs
+
+
+TARGET_CONFIGS = {
+    "local": LocalTargetConfig,
+    "ray": RayTargetConfig,
+    "kuberay": KubeRayTargetConfig,
+}
+
+
+def validate_target_config(kind: str, config) -> dict:
+    serializer = TARGET_CONFIGS[kind](data=config)
+    if not isinstance(config, dict):
+        raise serializers.ValidationError({"config": ["must be an object"]})
+    unknown = sorted(set(config) - set(serializer.fields))
+    if unknown:
+        raise serializers.ValidationError(
+            {f"config.{key}": [f"not a {kind} setting"] for key in unknown}
+        )
+    if not serializer.is_valid():
+        raise serializers.ValidationError({"config": serializer.errors})
+    return dict(serializer.validated_data)
+
+
+class ComputeTargetCreateInput(serializers.Serializer):
+    name = serializers.CharField(max_length=64, validators=[slug_validator])
+    kind = serializers.ChoiceField(choices=sorted(TARGET_CONFIGS))
+    config = serializers.DictField(required=False, default=dict)
+
+    def validate(self, attrs):
+        attrs["config"] = validate_target_config(attrs["kind"], attrs["config"])
+        return attrs
+
+
+class ComputeTargetUpdateInput(serializers.Serializer):
+    config = serializers.DictField()
+
+
+class ComputeTargetOutput(serializers.ModelSerializer):
+    config = serializers.JSONField(help_text="Without secrets")
+    secrets = serializers.SerializerMethodField(help_text="Which secrets are stored (not values)")
+
+    class Meta:
+        model = ComputeTarget
+        fields = ["id", "name", "kind", "config", "secrets", "created_at", "updated_at"]
+
+    def get_secrets(self, target) -> list[str]:
+        from workspaces.services import compute_target_secrets
+
+        return sorted(compute_target_secrets(target)) if target.secret_encrypted else []

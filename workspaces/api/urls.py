@@ -11,6 +11,16 @@ urlpatterns = [
     path("me/", views.MeView.as_view()),
     path("orgs/", views.OrgListView.as_view({"get": "list"})),
     path(ORG, views.OrgViewSet.as_view({"get": "retrieve", "patch": "partial_update"})),
+    path(
+        ORG + "compute-targets/",
+        views.ComputeTargetViewSet.as_view({"get": "list", "post": "create"}),
+    ),
+    path(
+        ORG + "compute-targets/<int:pk>/",
+        views.ComputeTargetViewSet.as_view(
+            {"get": "retrieve", "patch": "partial_update", "delete": "destroy"}
+        ),
+    ),
     path(ORG + "users/", views.OrgUserViewSet.as_view({"get": "list", "post": "create"})),
     path(
         ORG + "workspaces/",

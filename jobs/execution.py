@@ -1,0 +1,480 @@
+"""Running jobs: admission, launch, following, retries, deadlines, cancel and teardown.
+
+Rows are the truth and every step is safe to run twice, from any worker:
+
+* ``admit_queued`` moves queued jobs to ``launching`` and creates their attempt (the quota
+  scheduler replaces the "everything may launch" rule here).
+* ``attempt_launch`` takes a short lease on the attempt (so duplicate tasks do not start two
+  clusters), starts the cluster, stores the launcher's handle, then submits — a retried submit
+  adopts the Ray job with the attempt's submission id, so an entrypoint never runs twice.
+* ``attempt_follow`` polls Ray once, records a heartbeat, moves the job along, enforces the
+  deadline and, at the end, archives the logs, tears the cluster down and settles the job
+  (retrying on a fresh cluster while ``max_retries`` allows). It reschedules itself; the sweep
+  restarts following for attempts whose heartbeat went stale (a worker died).
+
+No database transaction is held while a launcher talks to Ray: slow calls happen between short
+transactions, guarded by the lease and by the state machine's row lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import logging
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from audit.context import Actor
+from config import secrets
+from workspaces.models import ComputeTarget, ComputeTargetKind
+from workspaces.services import compute_target_secrets
+
+from .launchers import launcher_for
+from .launchers.base import (
+    RAY_FAILED,
+    RAY_RUNNING,
+    RAY_STOPPED,
+    RAY_SUCCEEDED,
+    RAY_TERMINAL,
+    LaunchError,
+    LaunchRequest,
+    RayJobState,
+)
+from .models import ATTEMPT_ACTIVE, AttemptState, Job, JobAttempt, JobState
+from .state import InvalidTransition, transition
+
+logger = logging.getLogger(__name__)
+SYSTEM = Actor.system("worker")
+LOG_ARCHIVE_LIMIT = 2_000_000  # characters kept of a driver log (its tail)
+
+
+# --- compute targets ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedTarget:
+    name: str
+    kind: str
+    config: dict[str, Any]
+
+
+def resolve_target(job: Job) -> ResolvedTarget:
+    """The workspace's compute target with its secret decrypted; ``local`` is built in."""
+    name = job.workspace.compute_target
+    target = ComputeTarget.objects.filter(organization_id=job.organization_id, name=name).first()
+    if target is None:
+        if name != ComputeTargetKind.LOCAL:
+            raise LaunchError(f"compute target {name!r} does not exist in this organisation")
+        return ResolvedTarget(name="local", kind="local", config=local_defaults({}))
+    config = {**target.config, **compute_target_secrets(target)}
+    if target.kind == ComputeTargetKind.LOCAL:
+        config = local_defaults(config)
+    return ResolvedTarget(name=target.name, kind=target.kind, config=config)
+
+
+def local_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    return {"work_dir": settings.MANTA_LOCAL_RAY_DIR, **config}
+
+
+def cluster_name_for(job: Job, number: int) -> str:
+    # DNS-safe and at most 47 characters (KubeRay's limit for a RayJob name).
+    base = f"manta-{job.organization.slug}-{job.workspace.slug}"[:32].rstrip("-")
+    return f"{base}-{job.pk}-{number}"
+
+
+def launch_request(attempt: JobAttempt, target: ResolvedTarget) -> LaunchRequest:
+    job = attempt.job
+    return LaunchRequest(
+        submission_id=attempt.submission_id,
+        cluster_name=attempt.cluster_name,
+        spec=job.spec,
+        labels={
+            "manta.dev/org": job.organization.slug,
+            "manta.dev/workspace": job.workspace.slug,
+            "manta.dev/job": str(job.pk),
+            "manta.dev/attempt": str(attempt.number),
+        },
+        target_config=target.config,
+    )
+
+
+def plan_for(job: Job) -> dict[str, Any]:
+    """What the job's compute target launches (for the latest attempt, or the next one)."""
+    attempt = job.attempts.order_by("-number").first()
+    target = resolve_target(job)
+    if attempt is None:
+        attempt = JobAttempt(job=job, number=1, cluster_name=cluster_name_for(job, 1))
+    return launcher_for(target.kind, target.config).plan(launch_request(attempt, target))
+
+
+# --- admission ---------------------------------------------------------------------------------
+
+
+def admit_queued(*, limit: int = 100) -> list[int]:
+    """Move queued jobs to ``launching``, each with a new attempt, oldest first.
+
+    The quota scheduler replaces this rule; until then every queued job may launch.
+    """
+    admitted = []
+    with transaction.atomic():
+        jobs = list(
+            Job.objects.select_for_update(skip_locked=True)
+            .filter(state=JobState.QUEUED)
+            .order_by("-priority", "queued_at", "id")[:limit]
+        )
+        for job in jobs:
+            attempt_create(job)
+            admitted.append(job.pk)
+    return admitted
+
+
+def attempt_create(job: Job) -> JobAttempt:
+    """The next attempt of a queued job, and the move to ``launching`` (caller's transaction)."""
+    number = job.attempts.count() + 1
+    job = transition(job.pk, JobState.LAUNCHING, actor=SYSTEM, data={"attempt": number})
+    attempt = JobAttempt.objects.create(
+        job=job,
+        number=number,
+        target_kind="",
+        target_name=job.workspace.compute_target,
+        cluster_name=cluster_name_for(job, number),
+    )
+    from . import tasks
+
+    transaction.on_commit(lambda: tasks.launch_attempt.delay(str(attempt.pk)))
+    return attempt
+
+
+# --- launch ------------------------------------------------------------------------------------
+
+
+def _claim(attempt_id: str) -> bool:
+    """Take the attempt's lease unless another worker holds it."""
+    now = timezone.now()
+    claimed = (
+        JobAttempt.objects.filter(pk=attempt_id, state__in=ATTEMPT_ACTIVE)
+        .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+        .update(lease_until=now + dt.timedelta(seconds=settings.MANTA_LEASE_SECONDS))
+    )
+    return claimed == 1
+
+
+@contextlib.contextmanager
+def _leased(attempt_id: str):
+    """Hold the attempt's lease, renewed in the background while the body runs (starting a
+    cluster takes a while). A worker that dies stops renewing, so the lease soon expires and
+    the sweep can hand the attempt to another worker."""
+    if not _claim(attempt_id):
+        yield False
+        return
+    done = threading.Event()
+
+    def renew() -> None:
+        try:
+            while not done.wait(settings.MANTA_LEASE_SECONDS / 3):
+                until = timezone.now() + dt.timedelta(seconds=settings.MANTA_LEASE_SECONDS)
+                JobAttempt.objects.filter(pk=attempt_id).update(lease_until=until)
+        finally:
+            connection.close()
+
+    renewer = threading.Thread(target=renew, name=f"lease-{attempt_id}", daemon=True)
+    renewer.start()
+    try:
+        yield True
+    finally:
+        done.set()
+        renewer.join()
+        JobAttempt.objects.filter(pk=attempt_id).update(lease_until=None)
+
+
+def _load(attempt_id: str) -> JobAttempt:
+    return JobAttempt.objects.select_related("job__workspace", "job__organization").get(
+        pk=attempt_id
+    )
+
+
+def handle_of(attempt: JobAttempt) -> dict[str, Any] | None:
+    return secrets.decrypt_json(attempt.handle_encrypted) if attempt.handle_encrypted else None
+
+
+def attempt_launch(attempt_id: str) -> None:
+    """Bring the attempt's cluster up and submit its entrypoint; then hand over to following."""
+    with _leased(attempt_id) as leased:
+        if not leased:
+            return  # finished, or another worker is launching it
+        attempt = _load(attempt_id)
+        if attempt.job.state != JobState.LAUNCHING:
+            return  # cancelled meanwhile: the cancel hook tears down
+        try:
+            target = resolve_target(attempt.job)
+            launcher = launcher_for(target.kind, target.config)
+            request = launch_request(attempt, target)
+            handle = handle_of(attempt)
+            if handle is None:
+                handle = _start(attempt, launcher, request, target)
+            if Job.objects.filter(pk=attempt.job_id, state=JobState.LAUNCHING).count() == 0:
+                return  # cancelled while the cluster came up: the cancel task tears it down
+            if hasattr(launcher, "submit"):  # kuberay submits as part of launch()
+                launcher.submit(handle, request)
+            now = timezone.now()
+            JobAttempt.objects.filter(pk=attempt.pk).update(
+                submitted=True,
+                submitted_at=Coalesce(F("submitted_at"), Value(now)),
+                heartbeat_at=now,
+            )
+        except LaunchError as exc:
+            logger.warning("launch of attempt %s failed: %s", attempt_id, exc)
+            fail = RayJobState(RAY_FAILED, str(exc))
+            attempt_settle(attempt_id, fail, reason="launch_failed")
+            return
+    follow_start(attempt_id)
+
+
+def _start(attempt: JobAttempt, launcher, request: LaunchRequest, target) -> dict[str, Any]:
+    if hasattr(launcher, "start_cluster"):
+        _stop_orphans(attempt, target)
+        handle = launcher.start_cluster(request)
+    else:  # kuberay: one call creates cluster and submission
+        handle = launcher.launch(request)
+    now = timezone.now()
+    updated = JobAttempt.objects.filter(pk=attempt.pk, state__in=ATTEMPT_ACTIVE).update(
+        handle_encrypted=secrets.encrypt_json(handle),
+        target_kind=target.kind,
+        dashboard_url=handle.get("dashboard_url", ""),
+        cluster_ready_at=now,
+        heartbeat_at=now,
+    )
+    if not updated:  # cancelled while the cluster came up
+        launcher.stop(handle)
+        raise LaunchError("the attempt ended while its cluster was starting")
+    return handle
+
+
+def _stop_orphans(attempt: JobAttempt, target: ResolvedTarget) -> None:
+    """A launch killed after starting a cluster but before storing its handle left a cluster no
+    row points to; it wrote its handle next to itself, so find it and stop it before retrying."""
+    if target.kind != ComputeTargetKind.LOCAL:
+        return
+    from .launchers import local
+
+    launcher = local.LocalRayLauncher()
+    for handle in local.discover_handles(target.config.get("work_dir")):
+        if handle.get("submission_id") == attempt.submission_id:
+            logger.warning("stopping orphaned cluster %s", handle.get("cluster_name"))
+            launcher.stop(handle)
+
+
+# --- following ---------------------------------------------------------------------------------
+
+
+def follow_start(attempt_id: str) -> None:
+    """(Re)start following: a new token makes any older follow chain stop at its next step."""
+    JobAttempt.objects.filter(pk=attempt_id).update(
+        follow_token=F("follow_token") + 1, heartbeat_at=timezone.now()
+    )
+    token = JobAttempt.objects.values_list("follow_token", flat=True).get(pk=attempt_id)
+    from . import tasks
+
+    transaction.on_commit(lambda: tasks.follow_attempt.delay(attempt_id, token))
+
+
+def attempt_follow(attempt_id: str, token: int) -> bool:
+    """One step of following. Returns True when the caller should schedule another step."""
+    attempt = _load(attempt_id)
+    if attempt.follow_token != token or attempt.state not in ATTEMPT_ACTIVE:
+        return False
+    job = attempt.job
+    if job.state not in (JobState.LAUNCHING, JobState.RUNNING):
+        return False  # cancelled: the cancel hook tears down
+    if not attempt.submitted:
+        return False  # the launch task owns it until it is submitted
+    target = resolve_target(job)
+    launcher = launcher_for(target.kind, target.config)
+    handle = handle_of(attempt)
+    try:
+        state = launcher.status(handle)
+    except LaunchError as exc:
+        stale = timezone.now() - (attempt.heartbeat_at or attempt.created_at)
+        if stale.total_seconds() > settings.MANTA_CLUSTER_LOST_SECONDS:
+            attempt_settle(attempt_id, RayJobState(RAY_FAILED, str(exc)), reason="cluster_lost")
+            return False
+        return True
+    now = timezone.now()
+    JobAttempt.objects.filter(pk=attempt_id).update(
+        heartbeat_at=now, ray_status=state.status, ray_message=state.message[:4000]
+    )
+    if state.status in RAY_TERMINAL:
+        attempt_settle(attempt_id, state)
+        return False
+    if state.status == RAY_RUNNING and job.state == JobState.LAUNCHING:
+        JobAttempt.objects.filter(pk=attempt_id).update(state=AttemptState.RUNNING, running_at=now)
+        _move(job.pk, JobState.RUNNING, data={"attempt": attempt.number})
+    deadline_from = attempt.running_at or attempt.submitted_at or attempt.created_at
+    limit = job.spec.get("max_runtime_seconds") or 0
+    if limit and (now - deadline_from).total_seconds() > limit:
+        message = f"stopped after exceeding max_runtime_seconds={limit}"
+        attempt_settle(attempt_id, RayJobState(RAY_STOPPED, message), reason="deadline_exceeded")
+        return False
+    return True
+
+
+def _move(job_id: int, to_state: str, **kwargs) -> Job | None:
+    """A transition the worker makes; losing a race to a user's cancel is not an error."""
+    try:
+        return transition(job_id, to_state, actor=SYSTEM, **kwargs)
+    except InvalidTransition:
+        return None
+
+
+# --- the end of an attempt ---------------------------------------------------------------------
+
+
+RETRYABLE = frozenset({"entrypoint_failed", "launch_failed", "cluster_lost", "stopped"})
+
+
+def attempt_settle(attempt_id: str, state: RayJobState, *, reason: str = "") -> None:
+    """Archive the logs, tear the cluster down, and settle the job: succeeded, or failed (or
+    retried on a fresh cluster while ``max_retries`` allows). Safe to call again."""
+    attempt = _load(attempt_id)
+    if attempt.state not in ATTEMPT_ACTIVE:
+        return
+    # The attempt's run ends now; tearing the cluster down is a phase of its own.
+    JobAttempt.objects.filter(pk=attempt_id, finished_at__isnull=True).update(
+        finished_at=timezone.now()
+    )
+    attempt_teardown(attempt)
+    job = attempt.job
+    if state.status == RAY_SUCCEEDED and not reason:
+        attempt_state, job_state, failure = AttemptState.SUCCEEDED, JobState.SUCCEEDED, ""
+    else:
+        failure = reason or ("stopped" if state.status == RAY_STOPPED else "entrypoint_failed")
+        attempt_state = AttemptState.FAILED
+        retries_left = attempt.number <= job.spec.get("max_retries", 0)
+        job_state = JobState.QUEUED if retries_left and failure in RETRYABLE else JobState.FAILED
+    with transaction.atomic():
+        updated = JobAttempt.objects.filter(pk=attempt_id, state__in=ATTEMPT_ACTIVE).update(
+            state=attempt_state, failure_reason=failure,
+            ray_status=state.status, ray_message=state.message[:4000], exit_code=state.exit_code,
+        )  # fmt: skip
+        if not updated:
+            return
+        message = state.message[:4000]
+        data = {"attempt": attempt.number, "exit_code": state.exit_code, "message": message}
+
+        def record(locked: Job) -> None:
+            locked.failure_reason = "" if job_state == JobState.SUCCEEDED else failure
+            locked.message = message
+
+        if job_state == JobState.QUEUED:
+            data["retry"] = f"{attempt.number + 1} of {job.spec.get('max_retries', 0) + 1}"
+            _move(job.pk, JobState.QUEUED, kind="retry", reason=failure, data=data)
+        else:
+            _move(job.pk, job_state, reason=failure, data=data, mutate=record)
+
+
+def attempt_teardown(attempt: JobAttempt) -> None:
+    """Archive the driver log and stop everything the attempt started. Idempotent."""
+    handle = handle_of(attempt)
+    if handle is None:
+        JobAttempt.objects.filter(pk=attempt.pk).update(torn_down_at=timezone.now())
+        return
+    target = resolve_target(attempt.job)
+    launcher = launcher_for(target.kind, target.config)
+    try:
+        log = launcher.logs(handle)
+    except LaunchError:
+        log = None
+    launcher.stop(handle)  # stops the Ray job; for local, the whole cluster
+    fields: dict[str, Any] = {"torn_down_at": timezone.now()}
+    if log is not None and len(log) >= len(attempt.log_archive):
+        fields["log_archive"] = log[-LOG_ARCHIVE_LIMIT:]
+    JobAttempt.objects.filter(pk=attempt.pk).update(**fields)
+
+
+def job_cancelled(job_id: int) -> None:
+    """After a cancel commits: end the active attempt (stop the Ray job, tear the cluster down)."""
+    for attempt in JobAttempt.objects.filter(job_id=job_id, state__in=ATTEMPT_ACTIVE):
+        from . import tasks
+
+        tasks.cancel_attempt.delay(str(attempt.pk))
+
+
+def attempt_cancel(attempt_id: str) -> None:
+    attempt = _load(attempt_id)
+    if attempt.state not in ATTEMPT_ACTIVE:
+        return
+    # Wait for a launch in progress to store its handle, so nothing it started is missed.
+    with _leased(attempt_id) as leased:
+        if not leased:
+            from . import tasks
+
+            tasks.cancel_attempt.apply_async((attempt_id,), countdown=2)
+            return
+        JobAttempt.objects.filter(pk=attempt_id, finished_at__isnull=True).update(
+            finished_at=timezone.now()
+        )
+        attempt_teardown(_load(attempt_id))
+        JobAttempt.objects.filter(pk=attempt_id, state__in=ATTEMPT_ACTIVE).update(
+            state=AttemptState.CANCELLED, failure_reason="cancelled"
+        )
+
+
+# --- the sweep ---------------------------------------------------------------------------------
+
+
+def sweep() -> dict[str, int]:
+    """Find work whose task was lost (a worker died) and enqueue it again."""
+    from . import tasks
+
+    now = timezone.now()
+    stale = now - dt.timedelta(seconds=settings.MANTA_HEARTBEAT_STALE_SECONDS)
+    counts = {"launch": 0, "follow": 0, "cancel": 0, "admit": 0}
+    active = JobAttempt.objects.filter(state__in=ATTEMPT_ACTIVE).filter(
+        Q(heartbeat_at__lt=stale) | Q(heartbeat_at__isnull=True, created_at__lt=stale)
+    )
+    active = active.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+    for attempt in active.select_related("job"):
+        if attempt.job.state == JobState.CANCELLED:
+            tasks.cancel_attempt.delay(str(attempt.pk))
+            counts["cancel"] += 1
+        elif not attempt.submitted:
+            JobAttempt.objects.filter(pk=attempt.pk).update(heartbeat_at=now)
+            tasks.launch_attempt.delay(str(attempt.pk))
+            counts["launch"] += 1
+        else:
+            follow_start(str(attempt.pk))
+            counts["follow"] += 1
+    if Job.objects.filter(state=JobState.QUEUED).exists():
+        tasks.admit.delay()
+        counts["admit"] += 1
+    return counts
+
+
+# --- reads that need a launcher ----------------------------------------------------------------
+
+
+def job_logs(job: Job, *, number: int | None = None, tail: int | None = None) -> dict[str, Any]:
+    """The driver log of an attempt (the latest by default): live from Ray while it runs, from
+    the archive written at its end afterwards, so logs survive the cluster."""
+    attempts = job.attempts.order_by("-number")
+    attempt = attempts.filter(number=number).first() if number else attempts.first()
+    if attempt is None:
+        return {"attempt": None, "source": "none", "logs": ""}
+    if attempt.state in ATTEMPT_ACTIVE and attempt.submitted:
+        target = resolve_target(job)
+        try:
+            text = launcher_for(target.kind, target.config).logs(handle_of(attempt), tail=tail)
+            return {"attempt": attempt.number, "source": "live", "logs": text}
+        except LaunchError:
+            pass  # the cluster is going away: fall back to what was archived
+    text = attempt.log_archive
+    if tail:
+        text = "\n".join(text.splitlines()[-tail:]) + ("\n" if text.endswith("\n") else "")
+    return {"attempt": attempt.number, "source": "archive", "logs": text}

@@ -1,0 +1,115 @@
+"""End-to-end fixtures: a real Celery worker (with its beat) against Redis and the test
+PostgreSQL database, launching real local Ray clusters."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cluster_processes(work_dir: str) -> list[int]:
+    """Pids of processes whose command line mentions ``work_dir`` (every Ray process started
+    for a cluster there carries its temp dir on its command line)."""
+    pids = []
+    marker = work_dir.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+class Worker:
+    def __init__(self, env: dict[str, str], log_path: Path):
+        self.env, self.log_path, self.proc = env, log_path, None
+
+    def start(self) -> None:
+        log = open(self.log_path, "a")  # noqa: SIM115  (kept for the process's lifetime)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "config", "worker", "-B", "-l", "info",
+             "--concurrency", "4", "-n", f"e2e-{time.monotonic_ns()}@%h",
+             "-s", str(Path(self.env["MANTA_VAR_DIR"]) / "beat-schedule")],
+            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if "ready." in self.log_path.read_text(errors="replace"):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RuntimeError(f"celery worker did not start:\n{self.log_path.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker (main process, pool, beat), as if its host process died."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        # forget the "ready." of the dead worker
+        self.log_path.write_text("")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def ray_work_dir():
+    path = tempfile.mkdtemp(prefix="mray-", dir="/tmp")
+    yield path
+    leftovers = cluster_processes(path)
+    assert not leftovers, f"Ray processes left running after the tests: {leftovers}"
+
+
+@pytest.fixture(scope="module")
+def worker(django_db_setup, django_db_blocker, ray_work_dir, tmp_path_factory):
+    var = tmp_path_factory.mktemp("worker-var")
+    broker = settings.CELERY_BROKER_URL  # the same Redis database this process sends tasks to
+    redis.Redis.from_url(broker).flushdb()
+    db = settings.DATABASES["default"]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "CELERY_BROKER_URL": broker,
+        "SECRET_KEY": settings.SECRET_KEY,  # the same key encrypts handles on both sides
+        "MANTA_VAR_DIR": str(var),
+        "MANTA_LOCAL_RAY_DIR": ray_work_dir,
+        "MANTA_SWEEP_INTERVAL_SECONDS": "2",
+        "MANTA_HEARTBEAT_STALE_SECONDS": "6",
+        "MANTA_LEASE_SECONDS": "6",
+        "MANTA_FOLLOW_INTERVAL_SECONDS": "0.5",
+        "PYTHONUNBUFFERED": "1",
+    }
+    proc = Worker(env, var / "worker.log")
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def e2e(worker, transactional_db):
+    """A committed database the worker can see (tasks go to the worker's broker)."""
+    yield worker
+    connection.close()

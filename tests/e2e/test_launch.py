@@ -1,0 +1,229 @@
+"""The whole governed flow with a real Celery worker (Redis broker, PostgreSQL) launching real
+local Ray clusters: success with logs, failure with Ray's message, deadline, retry on a fresh
+cluster, cancel, two clusters side by side, and a worker killed mid-job."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import pytest
+
+from config import secrets
+from jobs.models import Job, JobAttempt, JobEvent
+from tests.conftest import build_world
+from tests.e2e.conftest import cluster_processes
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ray]
+
+WS = "/api/v1/orgs/acme/workspaces/ml/"
+TERMINAL = {"succeeded", "failed", "cancelled", "rejected"}
+
+
+def py(code: str) -> str:
+    """A one-line entrypoint running ``code`` (statements separated by ';')."""
+    return 'python -c "' + code.replace('"', '\\"') + '"'
+
+
+COUNTER = py(
+    "import json, os, ray; ray.init(); "
+    "print('resources', json.dumps(ray.cluster_resources(), sort_keys=True)); "
+    "C = ray.remote(type('C', (), {'__init__': lambda s: setattr(s, 'n', 0), "
+    "'inc': lambda s: setattr(s, 'n', s.n + 1) or s.n})); c = C.remote(); "
+    "print('counter reached', [ray.get(c.inc.remote()) for _ in range(10)][-1])"
+)
+
+
+def marker_entrypoint(marker: str, *, sleep: float = 0, fail_first: bool = False) -> str:
+    """Appends a line to ``marker`` each time it starts (so a test can count real runs)."""
+    code = (
+        f"import os, sys, time; p = {marker!r}; first = not os.path.exists(p); "
+        "open(p, 'a').write('start\\n'); print('started', flush=True); "
+        f"time.sleep({sleep}); "
+    )
+    code += "sys.exit(7 if first else 0)" if fail_first else "print('done')"
+    return py(code)
+
+
+def runs(marker: str) -> int:
+    with open(marker) as f:
+        return f.read().count("start")
+
+
+@pytest.fixture
+def world(e2e):
+    return build_world()
+
+
+def make_template(world, **spec):
+    body = {
+        "name": f"t-{uuid.uuid4().hex[:8]}",
+        "image": "rayproject/ray:2.60.0",
+        "entrypoint": COUNTER,
+        "head": {"cpu": 0, "memory_gb": 1},
+        "worker_groups": [{"name": "workers", "replicas": 1, "cpu": 1, "memory_gb": 1}],
+        "max_runtime_seconds": 120,
+        **spec,
+    }
+    response = world.client("ws_admin").post(WS + "templates/", body, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def submit(world, template_id, who="developer"):
+    response = world.client(who).post(WS + "jobs/", {"template": template_id}, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def wait_for(job_id, states, timeout=180):
+    """Poll until the job is in one of ``states`` (a liveness bound, not a speed check)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = Job.objects.get(pk=job_id)
+        if job.state in states:
+            return job
+        time.sleep(0.25)
+    events = list(JobEvent.objects.filter(job_id=job_id).values_list("kind", "reason"))
+    raise AssertionError(f"job {job_id} is {job.state}, never reached {states}: {events}")
+
+
+def assert_cluster_gone(attempt: JobAttempt, work_dir: str, timeout: float = 30):
+    handle = secrets.decrypt_json(attempt.handle_encrypted)
+    assert handle, "the attempt never stored a cluster handle"
+    deadline = time.monotonic() + timeout
+    alive = None
+    while time.monotonic() < deadline:
+        alive = [p for p in cluster_processes(handle["temp_dir"])]
+        if not alive and not os.path.exists(handle["temp_dir"]):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"cluster {attempt.cluster_name} still has processes {alive}")
+
+
+def test_job_succeeds_with_logs_and_advertised_resources(world, ray_work_dir):
+    template = make_template(
+        world,
+        worker_groups=[{"name": "gpus", "replicas": 1, "cpu": 1, "memory_gb": 1, "gpu": 2,
+                        "resources": {"accel": 1}}],
+    )  # fmt: skip
+    job_id = submit(world, template)
+    job = wait_for(job_id, TERMINAL)
+    assert job.state == "succeeded", (job.failure_reason, job.message)
+    client = world.client("viewer")
+    detail = client.get(f"{WS}jobs/{job_id}/").json()
+    [attempt] = detail["attempts"]
+    assert attempt["state"] == "succeeded" and attempt["submission_id"]
+    assert attempt["cluster_name"].startswith("manta-acme-ml-")
+    assert attempt["dashboard_url"].startswith("http://127.0.0.1:")
+    assert all(v is not None and v >= 0 for v in attempt["phases"].values()), attempt["phases"]
+    logs = client.get(f"{WS}jobs/{job_id}/logs/").json()
+    assert logs["source"] == "archive"
+    assert "counter reached 10" in logs["logs"]
+    # the worker node advertised exactly its spec, 2 GPUs on a machine without any
+    assert '"GPU": 2.0' in logs["logs"] and '"accel": 1.0' in logs["logs"]
+    assert '"CPU": 1.0' in logs["logs"]  # the head advertises none
+    tail = client.get(f"{WS}jobs/{job_id}/logs/", {"tail": 1}).json()["logs"]
+    assert tail.strip().splitlines() == ["counter reached 10"]
+    kinds = list(JobEvent.objects.filter(job_id=job_id).values_list("to_state", flat=True))
+    assert kinds == ["queued", "launching", "running", "succeeded"]
+    assert_cluster_gone(JobAttempt.objects.get(job_id=job_id), ray_work_dir)
+
+
+def test_failing_entrypoint_fails_with_rays_message(world, ray_work_dir):
+    template = make_template(
+        world, entrypoint=py("import sys; print('about to fail'); sys.exit(3)")
+    )
+    job = wait_for(submit(world, template), TERMINAL)
+    assert job.state == "failed"
+    assert job.failure_reason == "entrypoint_failed"
+    attempt = JobAttempt.objects.get(job=job)
+    assert attempt.ray_status == "FAILED" and attempt.ray_message
+    assert "exit code 3" in job.message or attempt.exit_code == 3, job.message
+    assert "about to fail" in attempt.log_archive
+    assert_cluster_gone(attempt, ray_work_dir)
+
+
+def test_deadline_stops_the_job(world, ray_work_dir):
+    template = make_template(world, entrypoint=py("import time; time.sleep(300)"),
+                             max_runtime_seconds=4)  # fmt: skip
+    job = wait_for(submit(world, template), TERMINAL)
+    assert job.state == "failed" and job.failure_reason == "deadline_exceeded"
+    attempt = JobAttempt.objects.get(job=job)
+    assert attempt.running_at and attempt.finished_at
+    assert_cluster_gone(attempt, ray_work_dir)
+
+
+def test_retry_runs_a_second_attempt_on_a_fresh_cluster(world, ray_work_dir, tmp_path):
+    marker = str(tmp_path / "runs")
+    template = make_template(world, entrypoint=marker_entrypoint(marker, fail_first=True),
+                             max_retries=1)  # fmt: skip
+    job = wait_for(submit(world, template), TERMINAL)
+    assert job.state == "succeeded", (job.failure_reason, job.message)
+    first, second = JobAttempt.objects.filter(job=job).order_by("number")
+    assert (first.state, second.state) == ("failed", "succeeded")
+    assert first.cluster_name != second.cluster_name
+    assert first.submission_id != second.submission_id
+    assert (
+        secrets.decrypt_json(first.handle_encrypted)["dashboard_url"]
+        != secrets.decrypt_json(second.handle_encrypted)["dashboard_url"]
+    )
+    assert runs(marker) == 2
+    kinds = list(JobEvent.objects.filter(job=job).values_list("kind", flat=True))
+    assert kinds.count("retry") == 1
+    for attempt in (first, second):
+        assert_cluster_gone(attempt, ray_work_dir)
+
+
+def test_cancel_while_running_tears_the_cluster_down(world, ray_work_dir):
+    template = make_template(world, entrypoint=py("import time; time.sleep(300)"))
+    job_id = submit(world, template)
+    wait_for(job_id, {"running"})
+    response = world.client("developer").post(f"{WS}jobs/{job_id}/cancel/", {}, format="json")
+    assert response.status_code == 200 and response.json()["state"] == "cancelled"
+    attempt = JobAttempt.objects.get(job_id=job_id)
+    deadline = time.monotonic() + 60
+    while attempt.state != "cancelled" and time.monotonic() < deadline:
+        time.sleep(0.3)
+        attempt.refresh_from_db()
+    assert attempt.state == "cancelled"
+    assert_cluster_gone(attempt, ray_work_dir)
+    assert Job.objects.get(pk=job_id).state == "cancelled"
+
+
+def test_two_clusters_side_by_side_one_cancelled(world, ray_work_dir, tmp_path):
+    slow = make_template(world, entrypoint=py("import time; time.sleep(300)"))
+    ok = make_template(world, entrypoint=marker_entrypoint(str(tmp_path / "m"), sleep=12))
+    doomed, survivor = submit(world, slow), submit(world, ok)
+    wait_for(doomed, {"running"})
+    wait_for(survivor, {"running"})
+    world.client("ws_admin").post(f"{WS}jobs/{doomed}/cancel/", {}, format="json")
+    finished = wait_for(survivor, TERMINAL)
+    assert finished.state == "succeeded", (finished.failure_reason, finished.message)
+    assert "done" in JobAttempt.objects.get(job_id=survivor).log_archive
+    for job_id in (doomed, survivor):
+        assert_cluster_gone(JobAttempt.objects.get(job_id=job_id), ray_work_dir)
+
+
+@pytest.mark.parametrize("phase", ["launching", "running"])
+def test_worker_killed_mid_job_is_replaced(world, e2e, ray_work_dir, tmp_path, phase):
+    marker = str(tmp_path / "runs")
+    template = make_template(world, entrypoint=marker_entrypoint(marker, sleep=8))
+    job_id = submit(world, template)
+    if phase == "launching":
+        wait_for(job_id, {"launching"})
+        time.sleep(1.0)  # the cluster is starting
+    else:
+        wait_for(job_id, {"running"})
+    e2e.kill()
+    e2e.start()
+    job = wait_for(job_id, TERMINAL, timeout=240)
+    assert job.state == "succeeded", (job.failure_reason, job.message)
+    attempts = list(JobAttempt.objects.filter(job=job))
+    assert len(attempts) == 1
+    # exactly one run of the entrypoint: one Ray submission for the attempt
+    assert runs(marker) == 1
+    terminal = JobEvent.objects.filter(job=job, to_state__in=TERMINAL).count()
+    assert terminal == 1
+    assert_cluster_gone(attempts[0], ray_work_dir)
