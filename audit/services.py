@@ -34,7 +34,8 @@ def snapshot(instance: models.Model, fields: list[str]) -> dict[str, Any]:
     return {name: getattr(instance, name) for name in fields}
 
 
-@transaction.atomic
+# No savepoint: an audit write that fails must fail the whole change it describes.
+@transaction.atomic(savepoint=False)
 def record(
     *,
     actor: Actor,

@@ -34,3 +34,14 @@ def _configure_broker(sender: Celery, **_: object) -> None:
 
 
 app.autodiscover_tasks()
+
+
+@app.task(name="manta.probe", ignore_result=True)
+def probe(key: str) -> None:
+    """Record when a worker ran this (Unix time, in the broker's Redis under ``key``): how long
+    a task waits between ``.delay()`` and a worker starting it. Used by bench/dispatch.py."""
+    import time
+
+    import redis
+
+    redis.Redis.from_url(app.conf.broker_url).set(key, repr(time.time()), ex=600)

@@ -206,6 +206,9 @@ def handle_of(attempt: JobAttempt) -> dict[str, Any] | None:
 
 def attempt_launch(attempt_id: str) -> None:
     """Bring the attempt's cluster up and submit its entrypoint; then hand over to following."""
+    JobAttempt.objects.filter(pk=attempt_id, launch_started_at__isnull=True).update(
+        launch_started_at=timezone.now()
+    )
     with _leased(attempt_id) as leased:
         if not leased:
             return  # finished, or another worker is launching it

@@ -188,6 +188,7 @@ class JobAttempt(models.Model):
     follow_token = models.PositiveIntegerField(default=0)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    launch_started_at = models.DateTimeField(null=True, blank=True)  # a worker took it
     cluster_ready_at = models.DateTimeField(null=True, blank=True)
     submitted_at = models.DateTimeField(null=True, blank=True)
     running_at = models.DateTimeField(null=True, blank=True)

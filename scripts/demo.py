@@ -7,6 +7,7 @@ here is stopped at the end, whatever happens.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -93,12 +94,14 @@ class Services:
     def stop(self) -> None:
         for name, proc in reversed(self.procs):
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+                proc.terminate()  # the main process; it shuts its own children down
                 try:
-                    proc.wait(timeout=20)
+                    proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.kill()
                     proc.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # anything of its group left behind
             print(f"  stopped {name} (exit {proc.returncode})")
 
 
@@ -106,9 +109,9 @@ def wait_ready(base: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if requests.get(base + "/readyz", timeout=2).status_code == 200:
+            if requests.get(base + "/readyz", timeout=10).status_code == 200:
                 return
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):
             pass
         time.sleep(0.3)
     raise SystemExit(f"the API did not become ready; see {VAR / 'api.log'}")

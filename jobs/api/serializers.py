@@ -220,6 +220,7 @@ class AttemptOutput(serializers.ModelSerializer):
             "exit_code",
             "failure_reason",
             "created_at",
+            "launch_started_at",
             "cluster_ready_at",
             "submitted_at",
             "running_at",
@@ -230,7 +231,8 @@ class AttemptOutput(serializers.ModelSerializer):
 
     def get_phases(self, attempt) -> dict[str, float | None]:
         return {
-            "cluster_start": _seconds(attempt.created_at, attempt.cluster_ready_at),
+            "dispatch": _seconds(attempt.created_at, attempt.launch_started_at),
+            "cluster_start": _seconds(attempt.launch_started_at, attempt.cluster_ready_at),
             "submit": _seconds(attempt.cluster_ready_at, attempt.submitted_at),
             "to_running": _seconds(attempt.submitted_at, attempt.running_at),
             "run": _seconds(attempt.running_at, attempt.finished_at),

@@ -1,0 +1,209 @@
+"""Approval → running through Manta, against starting the same cluster by hand.
+
+By hand is what a person types: ``ray start --head`` (returns once the head is up), then
+``ray start --address=…`` for the worker, then a ``JobSubmissionClient`` submit, waiting until
+Ray says RUNNING. Manta does the same work from an approval: admission, the Celery launch task,
+head and workers started together, submit, follow. Both clusters: a head with 0 CPUs and one
+worker with 1 CPU, token authentication on, every port picked free, on 127.0.0.1.
+
+    .venv/bin/python bench/launch.py [--runs 3]
+
+Prints the medians and the ratio Manta / by hand (goal ≤ 1.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from common import CeleryWorker, bench_workspace, configure, median
+
+ENTRYPOINT = "python -c \"import ray, time; ray.init(); print('up'); time.sleep(2)\""
+
+
+def ports(count: int) -> list[int]:
+    from jobs.launchers.local import _pick_free_ports
+
+    return _pick_free_ports(count)
+
+
+def by_hand() -> dict[str, float]:
+    """The sequential path, timed step by step."""
+    from jobs.launchers import ray_jobs
+
+    base = tempfile.mkdtemp(prefix="bh-", dir="/tmp")
+    token = secrets.token_hex(32)
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": token,
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    (
+        gcs,
+        dash,
+        client,
+        agent_http,
+        agent_grpc,
+        metrics,
+        runtime_env,
+        nm,
+        om,
+        w_agent_http,
+        w_agent_grpc,
+        w_metrics,
+        w_runtime_env,
+        w_nm,
+        w_om,
+    ) = ports(15)
+    ray = str(Path(os.sys.executable).parent / "ray")
+    common = [
+        "--node-ip-address=127.0.0.1",
+        "--disable-usage-stats",
+        "--min-worker-port=0",
+        "--max-worker-port=0",
+    ]
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    try:
+        subprocess.run(
+            [
+                ray,
+                "start",
+                "--head",
+                f"--temp-dir={base}/h",
+                f"--port={gcs}",
+                "--num-cpus=0",
+                f"--dashboard-port={dash}",
+                "--dashboard-host=127.0.0.1",
+                "--include-dashboard=true",
+                f"--ray-client-server-port={client}",
+                f"--dashboard-agent-listen-port={agent_http}",
+                f"--dashboard-agent-grpc-port={agent_grpc}",
+                f"--metrics-export-port={metrics}",
+                f"--runtime-env-agent-port={runtime_env}",
+                f"--node-manager-port={nm}",
+                f"--object-manager-port={om}",
+                *common,
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            start_new_session=True,
+        )
+        timings["head"] = time.monotonic() - t0
+        t1 = time.monotonic()
+        subprocess.run(
+            [
+                ray,
+                "start",
+                f"--address=127.0.0.1:{gcs}",
+                f"--temp-dir={base}/w",
+                "--num-cpus=1",
+                f"--dashboard-agent-listen-port={w_agent_http}",
+                f"--dashboard-agent-grpc-port={w_agent_grpc}",
+                f"--metrics-export-port={w_metrics}",
+                f"--runtime-env-agent-port={w_runtime_env}",
+                f"--node-manager-port={w_nm}",
+                f"--object-manager-port={w_om}",
+                *common,
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            start_new_session=True,
+        )
+        timings["worker"] = time.monotonic() - t1
+        t2 = time.monotonic()
+        client_ = ray_jobs.make_client(f"http://127.0.0.1:{dash}", token)
+        sid = client_.submit_job(entrypoint=ENTRYPOINT, entrypoint_num_cpus=0)
+        while str(client_.get_job_status(sid)) not in ("JobStatus.RUNNING", "RUNNING"):
+            time.sleep(0.05)
+        timings["job"] = time.monotonic() - t2
+        timings["total"] = time.monotonic() - t0
+    finally:
+        kill_under(base)
+        shutil.rmtree(base, ignore_errors=True)
+    return timings
+
+
+def kill_under(path: str) -> None:
+    """Stop the by-hand cluster without `ray stop` (which would stop every cluster here)."""
+    marker = path.encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes():
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def through_manta(setup) -> dict[str, float]:
+    from jobs import services
+    from jobs.models import Job, JobAttempt
+
+    job, _ = services.job_submit(
+        actor=setup["dev"], workspace=setup["ws"], template=setup["template"]
+    )
+    t0 = time.monotonic()
+    services.job_approve(actor=setup["admin"], job=job)
+    while True:
+        state = Job.objects.values_list("state", flat=True).get(pk=job.pk)
+        if state == "running":
+            break
+        if state in ("failed", "cancelled"):
+            raise RuntimeError(f"job {job.pk} {state}: {Job.objects.get(pk=job.pk).message}")
+        time.sleep(0.02)
+    total = time.monotonic() - t0
+    attempt = JobAttempt.objects.get(job=job)
+    while Job.objects.values_list("state", flat=True).get(pk=job.pk) == "running":
+        time.sleep(0.2)  # let it finish and tear down before the next run
+    return {
+        "total": total,
+        "cluster": (attempt.cluster_ready_at - attempt.created_at).total_seconds(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    env = configure("manta_bench_launch", MANTA_FOLLOW_INTERVAL_SECONDS="0.2")
+    spec = {
+        "image": "rayproject/ray:2.60.0",
+        "entrypoint": ENTRYPOINT,
+        "head": {"cpu": 0, "memory_gb": 1},
+        "worker_groups": [{"name": "w", "replicas": 1, "cpu": 1, "memory_gb": 1}],
+    }
+    setup = bench_workspace(spec)
+    worker = CeleryWorker(env, concurrency=2)
+    hand, manta = [], []
+    try:
+        for run in range(args.runs):
+            hand.append(by_hand())
+            manta.append(through_manta(setup))
+            print(
+                f"run {run + 1}: by hand {hand[-1]['total']:.2f}s "
+                f"(head {hand[-1]['head']:.2f}, worker {hand[-1]['worker']:.2f}, "
+                f"job {hand[-1]['job']:.2f}); Manta {manta[-1]['total']:.2f}s "
+                f"(cluster {manta[-1]['cluster']:.2f})"
+            )
+    finally:
+        worker.stop()
+    by_hand_median = median([h["total"] for h in hand])
+    manta_median = median([m["total"] for m in manta])
+    print(f"by hand, median of {args.runs}: {by_hand_median:.2f} s")
+    print(f"Manta approval → running, median of {args.runs}: {manta_median:.2f} s")
+    print(f"ratio Manta / by hand: {manta_median / by_hand_median:.2f} (goal ≤ 1.0)")
+
+
+if __name__ == "__main__":
+    main()
