@@ -15,12 +15,14 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 def _filesystem_broker_options(var_dir: Path) -> dict:
     queue = var_dir / "broker" / "queue"
     processed = var_dir / "broker" / "processed"
-    for folder in (queue, processed):
+    control = var_dir / "broker" / "control"
+    for folder in (queue, processed, control):
         folder.mkdir(parents=True, exist_ok=True)
     return {
         "data_folder_in": str(queue),
         "data_folder_out": str(queue),
         "processed_folder": str(processed),
+        "control_folder": str(control),
         "store_processed": False,
     }
 
