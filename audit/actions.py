@@ -27,6 +27,8 @@ ACTIONS: dict[str, str] = {
     "compute_target.create": "A compute target was created",
     "compute_target.update": "A compute target changed",
     "compute_target.delete": "A compute target was deleted",
+    # quotas
+    "quota.update": "Capacity or a workspace quota changed",
 }
 
 

@@ -8,6 +8,7 @@ api_v1 = [
     path("", include("workspaces.api.urls")),
     path("", include("audit.api.urls")),
     path("", include("jobs.api.urls")),
+    path("", include("quotas.api.urls")),
 ]
 
 urlpatterns = [

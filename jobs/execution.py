@@ -2,8 +2,8 @@
 
 Rows are the truth and every step is safe to run twice, from any worker:
 
-* ``admit_queued`` moves queued jobs to ``launching`` and creates their attempt (the quota
-  scheduler replaces the "everything may launch" rule here).
+* admission (``quotas/scheduler.py``) moves queued jobs that fit to ``launching`` and calls
+  ``attempt_create`` for each.
 * ``attempt_launch`` takes a short lease on the attempt (so duplicate tasks do not start two
   clusters), starts the cluster, stores the launcher's handle, then submits — a retried submit
   adopts the Ray job with the attempt's submission id, so an entrypoint never runs twice.
@@ -114,25 +114,7 @@ def plan_for(job: Job) -> dict[str, Any]:
     return launcher_for(target.kind, target.config).plan(launch_request(attempt, target))
 
 
-# --- admission ---------------------------------------------------------------------------------
-
-
-def admit_queued(*, limit: int = 100) -> list[int]:
-    """Move queued jobs to ``launching``, each with a new attempt, oldest first.
-
-    The quota scheduler replaces this rule; until then every queued job may launch.
-    """
-    admitted = []
-    with transaction.atomic():
-        jobs = list(
-            Job.objects.select_for_update(skip_locked=True)
-            .filter(state=JobState.QUEUED)
-            .order_by("-priority", "queued_at", "id")[:limit]
-        )
-        for job in jobs:
-            attempt_create(job)
-            admitted.append(job.pk)
-    return admitted
+# --- admission (quotas/scheduler.py decides; this creates the attempt) ----------------------
 
 
 def attempt_create(job: Job) -> JobAttempt:

@@ -14,6 +14,7 @@ from audit import services as audit
 from audit.context import Actor
 from config.errors import Conflict, Forbidden, InvalidInput, invalid_from_serializer
 from notifications.services import event_emit
+from quotas.services import check_submission
 from workspaces.models import ApprovalPolicy, Workspace
 
 from . import spec as job_spec
@@ -274,6 +275,7 @@ def _job_create(actor, workspace, template, name, overrides, idempotency_key, fi
     version = template.versions.get(version=template.latest_version)
     spec = resolve_spec(version, overrides, workspace.organization)
     requested = job_spec.requested_resources(spec)
+    check_submission(workspace, requested)
     reason = approval_needed(workspace, spec, requested)
     job = Job.objects.create(
         organization=workspace.organization,

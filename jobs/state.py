@@ -70,6 +70,16 @@ def event_types(kind: str, state: str) -> list[str]:
 _on_state: dict[str, list[Callable[[int], None]]] = {}
 
 
+# Called inside the transition's transaction with (job, from_state): for work that must commit
+# or roll back with the move itself (releasing a quota reservation).
+_in_transaction: list[Callable[[Job, str], None]] = []
+
+
+def in_transaction(callback: Callable[[Job, str], None]) -> None:
+    """Run ``callback(job, from_state)`` inside every transition's transaction."""
+    _in_transaction.append(callback)
+
+
 def on_state(state: str, callback: Callable[[int], None]) -> None:
     """Run ``callback(job_id)`` after the commit of every transition into ``state``."""
     _on_state.setdefault(state, []).append(callback)
@@ -181,6 +191,8 @@ def transition(
     if mutate:
         mutate(job)
     job.save()
+    for callback in _in_transaction:
+        callback(job, from_state)
     record_event(
         job,
         from_state=from_state,

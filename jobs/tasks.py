@@ -7,8 +7,10 @@ from . import execution
 
 
 @shared_task(name="manta.jobs.admit")
-def admit() -> list[int]:
-    return execution.admit_queued()
+def admit() -> dict[int, list[int]]:
+    from quotas.scheduler import admit_all
+
+    return admit_all()
 
 
 @shared_task(name="manta.jobs.launch_attempt")

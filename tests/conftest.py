@@ -79,3 +79,19 @@ def world(_module_world, db) -> World:
     for row in [*_module_world.users.values(), _module_world.ws, _module_world.org]:
         row.refresh_from_db()
     return _module_world
+
+
+@pytest.fixture
+def template(world):
+    """The counter template in world.ws, as the workspace admin published it."""
+    from jobs import services as job_services
+    from tests.jobs.conftest import counter_spec
+
+    version = job_services.template_create(
+        actor=Actor.for_user(world.users["ws_admin"]),
+        workspace=world.ws,
+        name="counter",
+        spec=counter_spec(),
+        allowed_overrides=["entrypoint", "worker_groups", "priority", "max_runtime_seconds"],
+    )
+    return version.template

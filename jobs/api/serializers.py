@@ -298,6 +298,9 @@ class JobOutput(serializers.ModelSerializer):
     decided_by = serializers.EmailField(source="decided_by.email", allow_null=True, default=None)
     state = serializers.ChoiceField(choices=JobState.choices)
     attempts = AttemptOutput(many=True, read_only=True)
+    queue = serializers.SerializerMethodField(
+        help_text="While queued: position in the organisation's queue and what it waits for"
+    )
 
     class Meta:
         model = Job
@@ -325,7 +328,13 @@ class JobOutput(serializers.ModelSerializer):
             "finished_at",
             "updated_at",
             "attempts",
+            "queue",
         ]
+
+    def get_queue(self, job) -> dict | None:
+        from quotas.scheduler import explain
+
+        return explain(job) if self.context.get("explain") else None
 
     def get_template(self, job) -> dict:
         template = job.template_version.template

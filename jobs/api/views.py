@@ -149,7 +149,7 @@ class JobViewSet(WorkspaceViewSet):
         return job
 
     def _render(self, job: Job) -> dict:
-        return s.JobOutput(self._job(job.pk)).data
+        return s.JobOutput(self._job(job.pk), context={"explain": True}).data
 
     @extend_schema(operation_id="jobs_list")
     def list(self, request, org=None, ws=None):
@@ -193,7 +193,7 @@ class JobViewSet(WorkspaceViewSet):
 
     @extend_schema(operation_id="job_retrieve")
     def retrieve(self, request, org=None, ws=None, pk=None):
-        return Response(s.JobOutput(self._job(pk)).data)
+        return Response(s.JobOutput(self._job(pk), context={"explain": True}).data)
 
     @extend_schema(operation_id="job_approve", request=s.ReasonInput, responses=s.JobOutput)
     @action(detail=True, methods=["post"])

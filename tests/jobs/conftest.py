@@ -1,7 +1,5 @@
 import copy
 
-import pytest
-
 from audit.context import Actor
 from jobs import services
 from jobs.api.serializers import COUNTER_SPEC
@@ -12,18 +10,6 @@ def counter_spec(**changes):
     spec = copy.deepcopy(COUNTER_SPEC)
     spec.update(changes)
     return spec
-
-
-@pytest.fixture
-def template(world):
-    version = services.template_create(
-        actor=Actor.for_user(world.users["ws_admin"]),
-        workspace=world.ws,
-        name="counter",
-        spec=counter_spec(),
-        allowed_overrides=["entrypoint", "worker_groups", "priority", "max_runtime_seconds"],
-    )
-    return version.template
 
 
 def submit(world, template, who="developer", **kwargs):

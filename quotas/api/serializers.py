@@ -1,0 +1,69 @@
+from rest_framework import serializers
+
+from quotas.models import OrgQuota, WorkspaceQuota
+
+AMOUNT = {"min_value": 0, "max_value": 1_000_000, "required": False, "allow_null": True}
+
+
+class OrgQuotaSerializer(serializers.ModelSerializer):
+    cpu = serializers.FloatField(**AMOUNT, help_text="Capacity; null = unlimited")
+    memory_gb = serializers.FloatField(**AMOUNT)
+    gpu = serializers.FloatField(**AMOUNT)
+
+    class Meta:
+        model = OrgQuota
+        fields = [
+            "cpu",
+            "memory_gb",
+            "gpu",
+            "max_running_jobs",
+            "policy",
+            "balanced_max_wait_seconds",
+            "preemption",
+            "updated_at",
+        ]
+        read_only_fields = ["updated_at"]
+
+
+class WorkspaceQuotaSerializer(serializers.ModelSerializer):
+    guaranteed_cpu = serializers.FloatField(min_value=0, max_value=1_000_000, required=False)
+    guaranteed_memory_gb = serializers.FloatField(min_value=0, max_value=1_000_000, required=False)
+    guaranteed_gpu = serializers.FloatField(min_value=0, max_value=1_000_000, required=False)
+    limit_cpu = serializers.FloatField(**AMOUNT, help_text="null = up to the org's capacity")
+    limit_memory_gb = serializers.FloatField(**AMOUNT)
+    limit_gpu = serializers.FloatField(**AMOUNT)
+    gpu_hours_per_month = serializers.FloatField(**AMOUNT)
+
+    class Meta:
+        model = WorkspaceQuota
+        fields = [
+            "guaranteed_cpu",
+            "guaranteed_memory_gb",
+            "guaranteed_gpu",
+            "limit_cpu",
+            "limit_memory_gb",
+            "limit_gpu",
+            "max_running_jobs",
+            "max_queued_jobs",
+            "gpu_hours_per_month",
+            "budget_action",
+            "updated_at",
+        ]
+        read_only_fields = ["updated_at"]
+
+
+class ResourceAmounts(serializers.Serializer):
+    cpu = serializers.FloatField(allow_null=True)
+    memory_gb = serializers.FloatField(allow_null=True)
+    gpu = serializers.FloatField(allow_null=True)
+
+
+class UsageOutput(serializers.Serializer):
+    reserved = ResourceAmounts()
+    guaranteed = ResourceAmounts()
+    limit = ResourceAmounts()
+    running = serializers.IntegerField()
+    queued = serializers.IntegerField()
+    pending_approval = serializers.IntegerField()
+    gpu_hours_this_month = serializers.FloatField()
+    gpu_hours_per_month = serializers.FloatField(allow_null=True)

@@ -1,0 +1,58 @@
+"""Capacity, workspace quotas and usage."""
+
+from drf_spectacular.utils import extend_schema
+from rest_framework.response import Response
+
+from quotas import services
+from workspaces import roles
+from workspaces.api.tenancy import TenantViewSet, WorkspaceViewSet
+
+from . import serializers as s
+
+
+class OrgQuotaViewSet(TenantViewSet):
+    """The organisation's capacity and queueing policy (org owners and admins)."""
+
+    serializer_class = s.OrgQuotaSerializer
+    permission_map = {"retrieve": roles.ORG_VIEW, "partial_update": roles.ORG_MANAGE}
+
+    @extend_schema(operation_id="org_quota_retrieve")
+    def retrieve(self, request, org=None):
+        return Response(s.OrgQuotaSerializer(services.org_quota(self.organization)).data)
+
+    @extend_schema(operation_id="org_quota_update")
+    def partial_update(self, request, org=None):
+        data = s.OrgQuotaSerializer(data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        quota = services.org_quota_update(
+            actor=self.actor, organization=self.organization, data=data.validated_data
+        )
+        return Response(s.OrgQuotaSerializer(quota).data)
+
+
+class WorkspaceQuotaViewSet(WorkspaceViewSet):
+    """A workspace's guarantees, limits and budget (members read; org admins write)."""
+
+    serializer_class = s.WorkspaceQuotaSerializer
+    permission_map = {
+        "retrieve": roles.WS_VIEW,
+        "partial_update": roles.ORG_MANAGE,
+        "usage": roles.WS_VIEW,
+    }
+
+    @extend_schema(operation_id="workspace_quota_retrieve")
+    def retrieve(self, request, org=None, ws=None):
+        return Response(s.WorkspaceQuotaSerializer(services.workspace_quota(self.workspace)).data)
+
+    @extend_schema(operation_id="workspace_quota_update")
+    def partial_update(self, request, org=None, ws=None):
+        data = s.WorkspaceQuotaSerializer(data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        quota = services.workspace_quota_update(
+            actor=self.actor, workspace=self.workspace, data=data.validated_data
+        )
+        return Response(s.WorkspaceQuotaSerializer(quota).data)
+
+    @extend_schema(operation_id="workspace_usage_retrieve", responses=s.UsageOutput)
+    def usage(self, request, org=None, ws=None):
+        return Response(s.UsageOutput(services.usage(self.workspace)).data)

@@ -1,0 +1,107 @@
+"""Org capacity, workspace quotas and the reservations that admission holds against them.
+
+A missing limit (``None``) means "no limit of its own": a workspace without ``limit_gpu`` may use
+up to the org's capacity, and an org without capacity rows admits everything.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+RESOURCES = ("cpu", "memory_gb", "gpu")
+
+
+class QueuePolicy(models.TextChoices):
+    FIFO = "fifo"  # strict order; a head that does not fit blocks the rest
+    ROUND_ROBIN = "round_robin"  # skip what does not fit, let later jobs backfill
+    BALANCED = "balanced"  # round_robin, until a skipped job waited too long
+    FAIR_SHARE = "fair_share"  # lowest dominant share (usage ÷ guarantee) first
+
+
+class OrgQuota(models.Model):
+    organization = models.OneToOneField(
+        "workspaces.Organization", on_delete=models.CASCADE, related_name="quota"
+    )
+    cpu = models.FloatField(null=True, blank=True)
+    memory_gb = models.FloatField(null=True, blank=True)
+    gpu = models.FloatField(null=True, blank=True)
+    max_running_jobs = models.PositiveIntegerField(null=True, blank=True)
+    policy = models.CharField(max_length=16, choices=QueuePolicy.choices, default=QueuePolicy.FIFO)
+    balanced_max_wait_seconds = models.PositiveIntegerField(default=600)
+    preemption = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"quota of {self.organization_id}"
+
+    def capacity(self) -> dict[str, float | None]:
+        return {name: getattr(self, name) for name in RESOURCES}
+
+
+class BudgetAction(models.TextChoices):
+    REFUSE = "refuse"
+    QUEUE = "queue"
+
+
+class WorkspaceQuota(models.Model):
+    workspace = models.OneToOneField(
+        "workspaces.Workspace", on_delete=models.CASCADE, related_name="quota"
+    )
+    guaranteed_cpu = models.FloatField(default=0)
+    guaranteed_memory_gb = models.FloatField(default=0)
+    guaranteed_gpu = models.FloatField(default=0)
+    limit_cpu = models.FloatField(null=True, blank=True)
+    limit_memory_gb = models.FloatField(null=True, blank=True)
+    limit_gpu = models.FloatField(null=True, blank=True)
+    max_running_jobs = models.PositiveIntegerField(null=True, blank=True)
+    max_queued_jobs = models.PositiveIntegerField(null=True, blank=True)
+    gpu_hours_per_month = models.FloatField(null=True, blank=True)
+    budget_action = models.CharField(
+        max_length=8, choices=BudgetAction.choices, default=BudgetAction.REFUSE
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"quota of workspace {self.workspace_id}"
+
+    def guaranteed(self) -> dict[str, float]:
+        return {name: getattr(self, f"guaranteed_{name}") for name in RESOURCES}
+
+    def limit(self) -> dict[str, float | None]:
+        return {name: getattr(self, f"limit_{name}") for name in RESOURCES}
+
+
+class Reservation(models.Model):
+    """Resources held for one launching/running job; released exactly once when it leaves."""
+
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="reservations")
+    organization = models.ForeignKey(
+        "workspaces.Organization", on_delete=models.CASCADE, related_name="+"
+    )
+    workspace = models.ForeignKey(
+        "workspaces.Workspace", on_delete=models.CASCADE, related_name="+"
+    )
+    cpu = models.FloatField()
+    memory_gb = models.FloatField()
+    gpu = models.FloatField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job"],
+                condition=models.Q(released_at__isnull=True),
+                name="one_active_reservation_per_job",
+            )
+        ]
+        indexes = [
+            models.Index(
+                fields=["organization", "workspace"],
+                condition=models.Q(released_at__isnull=True),
+                name="active_resv_idx",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"reservation of job {self.job_id}"

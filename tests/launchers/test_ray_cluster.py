@@ -1,0 +1,78 @@
+"""The ``ray`` launcher against a real, already running Ray cluster (started here with the local
+launcher, standing in for a long-running shared cluster): submit, status, logs, stop — and no
+cluster lifecycle of its own."""
+
+import time
+import uuid
+
+import pytest
+
+from jobs.launchers.base import LaunchError, LaunchRequest
+from jobs.launchers.local import LocalRayLauncher
+from jobs.launchers.ray_cluster import RayClusterLauncher
+
+pytestmark = pytest.mark.ray
+
+SPEC = {
+    "entrypoint": "python -c \"import ray, time; ray.init(); print('hello from ray'); "
+    'time.sleep(60)"',
+    "head": {"cpu": 1, "memory_gb": 1, "gpu": 0},
+    "worker_groups": [],
+    "runtime_env": {"env_vars": {"GREETING": "hi"}},
+}
+
+
+def request(cluster_name="shared", entrypoint=None):
+    spec = {**SPEC, "entrypoint": entrypoint or SPEC["entrypoint"]}
+    return LaunchRequest(
+        submission_id=str(uuid.uuid4()),
+        cluster_name=cluster_name,
+        spec=spec,
+        labels={"manta.dev/job": "1"},
+        target_config={"work_dir": "/tmp/mrt"},
+    )
+
+
+@pytest.fixture(scope="module")
+def shared_cluster():
+    local = LocalRayLauncher()
+    handle = local.start_cluster(request())
+    yield handle
+    local.stop(handle)
+
+
+def wait(launcher, handle, statuses, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = launcher.status(handle)
+        if state.status in statuses:
+            return state
+        time.sleep(0.3)
+    raise AssertionError(f"still {state.status}")
+
+
+def test_submit_follow_logs_stop(shared_cluster):
+    launcher = RayClusterLauncher(
+        {"address": shared_cluster["dashboard_url"], "token": shared_cluster["token"]}
+    )
+    req = request()
+    plan = launcher.plan(req)
+    assert plan["kind"] == "ray" and plan["submission"]["submission_id"] == req.submission_id
+    handle = launcher.launch(req)
+    assert launcher.launch(req) == handle  # a repeated launch adopts the same Ray job
+    wait(launcher, handle, {"RUNNING"})
+    deadline = time.monotonic() + 30
+    while "hello from ray" not in launcher.logs(handle) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert "hello from ray" in launcher.logs(handle, tail=5)
+    launcher.stop(handle)
+    assert wait(launcher, handle, {"STOPPED"}).status == "STOPPED"
+    # the cluster itself is untouched: another job still runs on it
+    other = launcher.launch(request(entrypoint="python -c \"print('second')\""))
+    assert wait(launcher, other, {"SUCCEEDED", "FAILED"}).status == "SUCCEEDED"
+
+
+def test_wrong_token_is_refused(shared_cluster):
+    launcher = RayClusterLauncher({"address": shared_cluster["dashboard_url"], "token": "nope"})
+    with pytest.raises(LaunchError):
+        launcher.launch(request())

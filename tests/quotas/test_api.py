@@ -1,0 +1,113 @@
+import pytest
+
+from audit.models import AuditEvent
+from jobs.models import Job
+from quotas.models import OrgQuota
+from tests.matrix import IN_ORG, ORG_ADMINS, WS_VISIBLE, Case, check_case
+
+ORG_Q = "/api/v1/orgs/acme/quota/"
+WS_Q = "/api/v1/orgs/acme/workspaces/ml/quota/"
+JOBS = "/api/v1/orgs/acme/workspaces/ml/jobs/"
+WS = "/api/v1/orgs/{org}/workspaces/{ws}/"
+
+
+def test_org_quota_is_managed_by_org_admins(world):
+    body = {"cpu": 64, "gpu": 8, "memory_gb": 256, "max_running_jobs": 10,
+            "policy": "fair_share", "preemption": True}  # fmt: skip
+    assert world.client("ws_admin").patch(ORG_Q, body, format="json").status_code == 403
+    response = world.client("org_admin").patch(ORG_Q, body, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["policy"] == "fair_share" and response.json()["gpu"] == 8
+    assert AuditEvent.objects.filter(action="quota.update").count() == 1
+    assert world.client("member").get(ORG_Q).json()["gpu"] == 8
+
+
+@pytest.mark.parametrize(
+    ("org", "ws", "field"),
+    [
+        ({"gpu": 8}, {"guaranteed_gpu": 4, "limit_gpu": 2}, "guaranteed_gpu"),
+        ({"gpu": 8}, {"limit_gpu": 16}, "limit_gpu"),
+        ({"gpu": 8}, {"guaranteed_gpu": 9}, "guaranteed_gpu"),
+        ({}, {"limit_cpu": -1}, "limit_cpu"),
+        ({}, {"budget_action": "explode"}, "budget_action"),
+    ],
+)
+def test_workspace_quota_rules(world, org, ws, field):
+    if org:
+        world.client("owner").patch(ORG_Q, org, format="json")
+    before = AuditEvent.objects.count()
+    response = world.client("owner").patch(WS_Q, ws, format="json")
+    assert response.status_code == 400, response.content
+    assert field in response.json()["errors"], response.json()
+    assert AuditEvent.objects.count() == before
+
+
+def test_sum_of_guarantees_within_capacity(world):
+    client = world.client("owner")
+    client.patch(ORG_Q, {"gpu": 4}, format="json")
+    assert client.patch(WS_Q, {"guaranteed_gpu": 3}, format="json").status_code == 200
+    client.post("/api/v1/orgs/acme/workspaces/", {"slug": "b"}, format="json")
+    other = client.patch("/api/v1/orgs/acme/workspaces/b/quota/", {"guaranteed_gpu": 2},
+                         format="json")  # fmt: skip
+    assert other.status_code == 400 and "add up to 5" in other.json()["detail"]
+    shrink = client.patch(ORG_Q, {"gpu": 2}, format="json")
+    assert shrink.status_code == 400
+    assert OrgQuota.objects.get().gpu == 4
+
+
+def test_workspace_quota_readable_by_members_writable_by_org_admins(world):
+    assert world.client("viewer").get(WS_Q).status_code == 200
+    assert world.client("ws_admin").patch(WS_Q, {"limit_gpu": 1}, format="json").status_code == 403
+
+
+def test_submission_that_can_never_run_is_refused(world, template):
+    world.client("owner").patch(ORG_Q, {"gpu": 8}, format="json")
+    world.client("owner").patch(WS_Q, {"limit_gpu": 4}, format="json")
+    before = Job.objects.count()
+    groups = [{"name": "g", "replicas": 3, "cpu": 1, "memory_gb": 1, "gpu": 2}]
+    response = world.client("developer").post(
+        JOBS, {"template": template.pk, "overrides": {"worker_groups": groups}}, format="json"
+    )
+    assert response.status_code == 400
+    assert response.json()["errors"]["requested.gpu"] == [
+        "this job needs 6 gpu; the workspace limit is 4, so it could never run"
+    ]
+    assert Job.objects.count() == before
+
+
+def test_queue_full_is_429(world, template):
+    world.client("owner").patch(WS_Q, {"max_queued_jobs": 2}, format="json")
+    client = world.client("developer")
+    for _ in range(2):
+        assert client.post(JOBS, {"template": template.pk}, format="json").status_code == 201
+    response = client.post(JOBS, {"template": template.pk}, format="json")
+    assert response.status_code == 429
+    assert response.json()["type"] == "queue_full"
+    assert Job.objects.count() == 2
+
+
+def test_usage(world, template):
+    world.client("owner").patch(WS_Q, {"guaranteed_cpu": 2, "limit_cpu": 4}, format="json")
+    world.client("developer").post(JOBS, {"template": template.pk}, format="json")
+    usage = world.client("viewer").get("/api/v1/orgs/acme/workspaces/ml/usage/").json()
+    assert usage["reserved"] == {"cpu": 0.0, "memory_gb": 0.0, "gpu": 0.0}
+    assert usage["guaranteed"]["cpu"] == 2 and usage["limit"]["cpu"] == 4
+    assert usage["queued"] == 1 and usage["running"] == 0
+    assert usage["gpu_hours_this_month"] == 0
+
+
+CASES = [
+    Case("org_quota_retrieve", "GET", "/api/v1/orgs/{org}/quota/", IN_ORG, ws_scoped=False),
+    Case("org_quota_update", "PATCH", "/api/v1/orgs/{org}/quota/", ORG_ADMINS, ws_scoped=False,
+         body={"gpu": 4}, audit="quota.update"),
+    Case("ws_quota_retrieve", "GET", WS + "quota/", WS_VISIBLE),
+    Case("ws_quota_update", "PATCH", WS + "quota/", ORG_ADMINS, body={"limit_gpu": 2},
+         audit="quota.update"),
+    Case("ws_usage", "GET", WS + "usage/", WS_VISIBLE),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("who", [None, "foreign", *IN_ORG], ids=lambda w: w or "anonymous")
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_matrix(world, case, who):
+    check_case(world, case, who)

@@ -1,0 +1,74 @@
+"""Many submitters and admitters at once on PostgreSQL: never a reservation beyond a limit, and
+every job admitted exactly once."""
+
+import threading
+
+import pytest
+from django.db import connection
+from django.db.models import Sum
+
+from audit.context import Actor
+from jobs import services as job_services
+from jobs.models import Job, JobAttempt
+from quotas import scheduler
+from quotas.models import OrgQuota, Reservation, WorkspaceQuota
+from tests.conftest import build_world
+from tests.jobs.conftest import counter_spec
+
+
+@pytest.mark.django_db(transaction=True)
+def test_200_submissions_against_a_quota_that_fits_10():
+    world = build_world()
+    OrgQuota.objects.create(organization=world.org, cpu=10, policy="round_robin")
+    WorkspaceQuota.objects.create(workspace=world.ws, limit_cpu=10)
+    template = job_services.template_create(
+        actor=Actor.for_user(world.users["owner"]), workspace=world.ws, name="one-cpu",
+        spec=counter_spec(worker_groups=[{"name": "w", "replicas": 1, "cpu": 1, "memory_gb": 1}]),
+    ).template  # fmt: skip
+    developer = Actor.for_user(world.users["developer"])
+    errors, done = [], threading.Event()
+
+    def submitter(count):
+        try:
+            for _ in range(count):
+                job_services.job_submit(actor=developer, workspace=world.ws, template=template)
+        except Exception as exc:  # surfaced by the assertion below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def admitter():
+        try:
+            while not done.is_set():
+                scheduler.admit(world.org.pk)
+            scheduler.admit(world.org.pk)
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    submitters = [threading.Thread(target=submitter, args=(50,)) for _ in range(4)]
+    admitters = [threading.Thread(target=admitter) for _ in range(3)]
+    for thread in admitters + submitters:
+        thread.start()
+    for thread in submitters:
+        thread.join()
+    done.set()
+    for thread in admitters:
+        thread.join()
+    assert errors == []
+    assert Job.objects.count() == 200
+    launching = Job.objects.filter(state="launching")
+    assert launching.count() == 10
+    assert Job.objects.filter(state="queued").count() == 190
+    active = Reservation.objects.filter(released_at__isnull=True)
+    assert active.count() == 10
+    assert active.aggregate(total=Sum("cpu"))["total"] == 10
+    assert set(active.values_list("job_id", flat=True)) == set(
+        launching.values_list("id", flat=True)
+    )
+    # admitted exactly once: one attempt per admitted job, none for the others
+    assert JobAttempt.objects.count() == 10
+    assert set(JobAttempt.objects.values_list("job_id", flat=True)) == set(
+        launching.values_list("id", flat=True)
+    )
