@@ -27,7 +27,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q, Value
+from django.db.models import Count, F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -48,7 +48,7 @@ from .launchers.base import (
     RayJobState,
 )
 from .models import ATTEMPT_ACTIVE, AttemptState, Job, JobAttempt, JobState
-from .state import InvalidTransition, transition
+from .state import InvalidTransition, transition, transition_many
 
 logger = logging.getLogger(__name__)
 SYSTEM = Actor.system("worker")
@@ -117,21 +117,36 @@ def plan_for(job: Job) -> dict[str, Any]:
 # --- admission (quotas/scheduler.py decides; this creates the attempt) ----------------------
 
 
-def attempt_create(job: Job) -> JobAttempt:
-    """The next attempt of a queued job, and the move to ``launching`` (caller's transaction)."""
-    number = job.attempts.count() + 1
-    job = transition(job.pk, JobState.LAUNCHING, actor=SYSTEM, data={"attempt": number})
-    attempt = JobAttempt.objects.create(
-        job=job,
-        number=number,
-        target_kind="",
-        target_name=job.workspace.compute_target,
-        cluster_name=cluster_name_for(job, number),
+def attempts_create(jobs: list[Job]) -> list[JobAttempt]:
+    """Move admitted queued jobs to ``launching``, each with its next attempt, in the caller's
+    transaction; their launch tasks are sent when it commits."""
+    if not jobs:
+        return []
+    previous = dict(
+        JobAttempt.objects.filter(job__in=jobs).values_list("job").annotate(n=Count("id"))
     )
+    numbers = {job.pk: previous.get(job.pk, 0) + 1 for job in jobs}
+    locked = transition_many(
+        jobs,
+        JobState.LAUNCHING,
+        actor=SYSTEM,
+        data={pk: {"attempt": number} for pk, number in numbers.items()},
+    )
+    attempts = JobAttempt.objects.bulk_create(
+        JobAttempt(
+            job=job,
+            number=numbers[job.pk],
+            target_kind="",
+            target_name=job.workspace.compute_target,
+            cluster_name=cluster_name_for(job, numbers[job.pk]),
+        )
+        for job in locked
+    )
+    ids = [str(attempt.pk) for attempt in attempts]
     from . import tasks
 
-    transaction.on_commit(lambda: tasks.launch_attempt.delay(str(attempt.pk)))
-    return attempt
+    transaction.on_commit(lambda: tasks.launch_attempts(ids))
+    return attempts
 
 
 # --- launch ------------------------------------------------------------------------------------
@@ -345,9 +360,12 @@ def attempt_settle(attempt_id: str, state: RayJobState, *, reason: str = "") -> 
         job_state = JobState.QUEUED if retries_left and failure in RETRYABLE else JobState.FAILED
     with transaction.atomic():
         updated = JobAttempt.objects.filter(pk=attempt_id, state__in=ATTEMPT_ACTIVE).update(
-            state=attempt_state, failure_reason=failure,
-            ray_status=state.status, ray_message=state.message[:4000], exit_code=state.exit_code,
-        )  # fmt: skip
+            state=attempt_state,
+            failure_reason=failure,
+            ray_status=state.status,
+            ray_message=state.message[:4000],
+            exit_code=state.exit_code,
+        )
         if not updated:
             return
         message = state.message[:4000]

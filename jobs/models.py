@@ -127,8 +127,14 @@ class Job(models.Model):
         ]
         indexes = [
             models.Index(fields=["workspace", "state"], name="job_ws_state_idx"),
+            # the admission order, read in chunks: per organisation and per workspace
             models.Index(
-                fields=["organization", "state", "priority", "queued_at"], name="job_queue_idx"
+                fields=["organization", "state", "-priority", "queued_at", "id"],
+                name="job_org_queue_idx",
+            ),
+            models.Index(
+                fields=["workspace", "state", "-priority", "queued_at", "id"],
+                name="job_ws_queue_idx",
             ),
         ]
 

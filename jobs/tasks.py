@@ -6,11 +6,37 @@ from django.conf import settings
 from . import execution
 
 
+def send_many(task, calls: list[tuple]) -> None:
+    """Send many messages of one task over one producer (one broker connection)."""
+    from config.celery import app
+
+    with app.producer_or_acquire() as producer:
+        for args in calls:
+            task.apply_async(args, producer=producer)
+
+
 @shared_task(name="manta.jobs.admit")
 def admit() -> dict[int, list[int]]:
     from quotas.scheduler import admit_all
 
     return admit_all()
+
+
+FAN_OUT_ABOVE = 8
+
+
+def launch_attempts(attempt_ids: list[str]) -> None:
+    """Send the launch tasks of an admission pass. A large pass sends one fan-out task instead,
+    so the admission's commit does not wait for a thousand broker round trips."""
+    if len(attempt_ids) > FAN_OUT_ABOVE:
+        fan_out_launches.delay(attempt_ids)
+    else:
+        send_many(launch_attempt, [(pk,) for pk in attempt_ids])
+
+
+@shared_task(name="manta.jobs.fan_out_launches")
+def fan_out_launches(attempt_ids: list[str]) -> None:
+    send_many(launch_attempt, [(pk,) for pk in attempt_ids])
 
 
 @shared_task(name="manta.jobs.launch_attempt")

@@ -10,11 +10,12 @@ reservations in the same transaction that moves the jobs to ``launching``.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections import defaultdict
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from jobs.models import Job, JobState
@@ -121,48 +122,78 @@ def ledger_for(organization_id: int) -> Ledger:
     )
 
 
-def queue_of(organization_id: int) -> list[Job]:
+QUEUE_CHUNK = 500  # queued rows fetched at a time: a pass reads only as far as it admits
+MAX_BLOCKED_SCAN = 1000  # round_robin/balanced: stop after this many misses in a row
+
+
+def _queued(organization_id: int):
     """Queued jobs in base order: priority (9 first), then time queued, then id."""
-    return list(
-        Job.objects.filter(organization_id=organization_id, state=JobState.QUEUED).order_by(
-            "-priority", "queued_at", "id"
-        )
+    return Job.objects.filter(organization_id=organization_id, state=JobState.QUEUED).order_by(
+        "-priority", "queued_at", "id"
     )
 
 
-def plan(ledger: Ledger, queue: list[Job], policy: str, max_wait: float) -> list[Job]:
-    """The jobs to admit now, in admission order (``ledger`` is updated as they are held)."""
-    admitted: list[Job] = []
+def plan(ledger: Ledger, organization_id: int, policy: str, max_wait: float) -> list[Job]:
+    """The jobs to admit now, in admission order (``ledger`` is updated as they are held).
+
+    The queue is read lazily, in chunks, so a pass costs what it admits, not what is queued.
+    """
     if policy == QueuePolicy.FAIR_SHARE:
-        per_ws: dict[int, list[Job]] = defaultdict(list)
-        for job in queue:
-            per_ws[job.workspace_id].append(job)
-        while per_ws:
-            ws_id = min(
-                per_ws,
-                key=lambda w: (ledger.dominant_share(w), per_ws[w][0].queued_at, per_ws[w][0].pk),
-            )
-            job = per_ws[ws_id][0]
-            if ledger.blocker(job):
-                del per_ws[ws_id]  # its head does not fit: the workspace waits this pass
-                continue
-            ledger.hold(job)
-            admitted.append(job)
-            per_ws[ws_id].pop(0)
-            if not per_ws[ws_id]:
-                del per_ws[ws_id]
-        return admitted
+        return _plan_fair_share(ledger, organization_id)
+    admitted: list[Job] = []
     now = timezone.now()
-    for job in queue:
+    misses = 0
+    for job in _queued(organization_id).iterator(chunk_size=QUEUE_CHUNK):
         if ledger.blocker(job):
             if policy == QueuePolicy.FIFO:
                 break
             waited = (now - (job.queued_at or now)).total_seconds()
             if policy == QueuePolicy.BALANCED and waited > max_wait:
                 break  # it has waited long enough: nothing may overtake it any more
+            misses += 1
+            if misses >= MAX_BLOCKED_SCAN:
+                break
             continue
+        misses = 0
         ledger.hold(job)
         admitted.append(job)
+    return admitted
+
+
+def _fair_key(ledger: Ledger, ws_id: int, job: Job) -> tuple:
+    return (ledger.dominant_share(ws_id), -job.priority, job.queued_at, job.pk, ws_id, job)
+
+
+def _plan_fair_share(ledger: Ledger, organization_id: int) -> list[Job]:
+    """Next job from the workspace with the lowest dominant share, until no workspace's head
+    fits; each workspace's queue is read on demand."""
+    workspace_ids = (
+        Job.objects.filter(organization_id=organization_id, state=JobState.QUEUED)
+        .order_by()  # no default ordering: it would defeat the DISTINCT
+        .values_list("workspace_id", flat=True)
+        .distinct()
+    )
+    queues = {
+        ws: _queued(organization_id).filter(workspace_id=ws).iterator(chunk_size=64)
+        for ws in workspace_ids
+    }
+    # A heap of each workspace's head, keyed by its workspace's dominant share: only the
+    # workspace that just got a job changes its share, so the heap stays valid.
+    heap = []
+    for ws, queue in queues.items():
+        head = next(queue, None)
+        if head is not None:
+            heapq.heappush(heap, _fair_key(ledger, ws, head))
+    admitted: list[Job] = []
+    while heap:
+        *_, ws_id, job = heapq.heappop(heap)
+        if ledger.blocker(job):
+            continue  # its head does not fit: the workspace waits this pass
+        ledger.hold(job)
+        admitted.append(job)
+        following = next(queues[ws_id], None)
+        if following is not None:
+            heapq.heappush(heap, _fair_key(ledger, ws_id, following))
     return admitted
 
 
@@ -176,7 +207,7 @@ def _lock(organization_id: int) -> None:
 
 def admit(organization_id: int) -> list[int]:
     """One admission pass for an organisation. Returns the admitted job ids."""
-    from jobs.execution import attempt_create
+    from jobs.execution import attempts_create
 
     with transaction.atomic():
         _lock(organization_id)
@@ -184,7 +215,7 @@ def admit(organization_id: int) -> list[int]:
         quota = ledger.org_quota
         policy = quota.policy if quota else QueuePolicy.FIFO
         max_wait = quota.balanced_max_wait_seconds if quota else 600
-        chosen = plan(ledger, queue_of(organization_id), policy, max_wait)
+        chosen = plan(ledger, organization_id, policy, max_wait)
         Reservation.objects.bulk_create(
             Reservation(
                 job=job,
@@ -194,8 +225,7 @@ def admit(organization_id: int) -> list[int]:
             )
             for job in chosen
         )
-        for job in chosen:
-            attempt_create(job)
+        attempts_create(chosen)
     return [job.pk for job in chosen]
 
 
@@ -209,13 +239,16 @@ def explain(job: Job) -> dict[str, Any] | None:
     """For a queued job: its position in its organisation's queue and what blocks it."""
     if job.state != JobState.QUEUED:
         return None
-    queue = queue_of(job.organization_id)
-    position = next((i for i, queued in enumerate(queue) if queued.pk == job.pk), None)
-    ledger = ledger_for(job.organization_id)
-    reason = ledger.blocker(job)
-    if not reason and position:
+    queue = _queued(job.organization_id)
+    ahead = queue.filter(
+        Q(priority__gt=job.priority)
+        | Q(priority=job.priority, queued_at__lt=job.queued_at)
+        | Q(priority=job.priority, queued_at=job.queued_at, id__lt=job.pk)
+    ).count()
+    reason = ledger_for(job.organization_id).blocker(job)
+    if not reason:
         reason = "waiting for the next admission pass"
-    return {"position": (position or 0) + 1, "queued": len(queue), "waiting_for": reason}
+    return {"position": ahead + 1, "queued": queue.count(), "waiting_for": reason}
 
 
 def release(job: Job) -> int:

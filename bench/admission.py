@@ -1,0 +1,138 @@
+"""Admission throughput under ``fair_share`` on PostgreSQL, and whether its cost per job grows
+with the queue.
+
+100 workspaces, each guaranteed 10 CPUs of an organisation's 1,000; every job asks for 1 CPU, so a
+pass admits up to 1,000 jobs. Between timed passes the admitted jobs are finished (state and
+reservations updated in bulk, untimed). Queued jobs are written in bulk by the set-up, not through
+the submission API: only admission is measured — the pass that picks jobs, writes their
+reservations, moves them to ``launching`` with a timeline event, an audit event and an outbox row
+each, creates their attempts and sends their launch tasks to Redis.
+
+    .venv/bin/python bench/admission.py [--admit 10000]
+
+Prints jobs admitted per second with 10,000 and with 100,000 jobs queued, the cost per admitted
+job in each case, and their ratio (goals: ≥ 1,000 admissions/s; ratio ≤ 1.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from common import BROKER, configure
+
+WORKSPACES = 100
+CAPACITY = 1000
+
+
+def build(queued: int):
+    from django.utils import timezone
+
+    from audit.context import Actor
+    from jobs import services as job_services
+    from jobs.models import Job, JobState
+    from quotas.models import OrgQuota, WorkspaceQuota
+    from workspaces import services
+
+    system = Actor.system("bench")
+    slug = f"org{queued}"
+    org, owner = services.org_create(actor=system, slug=slug, name="", owner_email=f"o@{slug}.t")
+    OrgQuota.objects.create(organization=org, cpu=CAPACITY, policy="fair_share")
+    spec = {
+        "image": "rayproject/ray:2.60.0",
+        "entrypoint": "python -V",
+        "head": {"cpu": 1, "memory_gb": 0, "gpu": 0},
+    }
+    versions = []
+    for index in range(WORKSPACES):
+        ws = services.workspace_create(actor=system, organization=org, slug=f"w{index}")
+        WorkspaceQuota.objects.create(workspace=ws, guaranteed_cpu=CAPACITY / WORKSPACES)
+        template = job_services.template_create(actor=system, workspace=ws, name="t", spec=spec)
+        versions.append((ws, template))
+    start = timezone.now()
+    resolved = {
+        **spec,
+        "runtime_env": {},
+        "worker_groups": [],
+        "max_runtime_seconds": 3600,
+        "max_retries": 0,
+        "priority": 5,
+        "ttl_seconds_after_finished": 300,
+    }
+    batch = []
+    for n in range(queued):
+        ws, version = versions[n % WORKSPACES]
+        batch.append(
+            Job(
+                organization=org,
+                workspace=ws,
+                template_version=version,
+                name="b",
+                state=JobState.QUEUED,
+                spec=resolved,
+                requested_cpu=1,
+                requested_memory_gb=0,
+                requested_gpu=0,
+                priority=5,
+                submitted_by=owner,
+                queued_at=start + timezone.timedelta(microseconds=n),
+            )
+        )
+        if len(batch) == 5000:
+            Job.objects.bulk_create(batch)
+            batch = []
+    Job.objects.bulk_create(batch)
+    return org
+
+
+def finish(job_ids: list[int]) -> None:
+    """Free the capacity the last pass took (untimed)."""
+    from django.utils import timezone
+
+    from jobs.models import Job
+    from quotas.models import Reservation
+
+    Job.objects.filter(pk__in=job_ids).update(state="succeeded", finished_at=timezone.now())
+    Reservation.objects.filter(job_id__in=job_ids, released_at__isnull=True).update(
+        released_at=timezone.now()
+    )
+
+
+def measure(queued: int, to_admit: int) -> tuple[float, int]:
+    from quotas import scheduler
+
+    org = build(queued)
+    elapsed, admitted = 0.0, 0
+    while admitted < to_admit:
+        started = time.perf_counter()
+        ids = scheduler.admit(org.pk)
+        elapsed += time.perf_counter() - started
+        if not ids:
+            raise RuntimeError("a pass admitted nothing")
+        admitted += len(ids)
+        finish(ids)
+    return elapsed, admitted
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--admit", type=int, default=10_000)
+    args = parser.parse_args()
+    configure("manta_bench_admission", LOG_LEVEL="ERROR")
+    import redis
+
+    results = {}
+    for queued in (10_000, 100_000):
+        elapsed, admitted = measure(queued, min(args.admit, queued))
+        results[queued] = elapsed / admitted
+        print(
+            f"{queued:>7,} queued: admitted {admitted:,} in {elapsed:.2f} s "
+            f"({admitted / elapsed:,.0f} jobs/s, {elapsed / admitted * 1000:.3f} ms per job)"
+        )
+        redis.Redis.from_url(BROKER).flushdb()  # the launch tasks nobody consumes
+    ratio = results[100_000] / results[10_000]
+    print(f"cost per admitted job, 100,000 vs 10,000 queued: ratio {ratio:.2f} (goal ≤ 1.5)")
+
+
+if __name__ == "__main__":
+    main()
