@@ -457,6 +457,10 @@ def sweep() -> dict[str, int]:
     if Job.objects.filter(state=JobState.QUEUED).exists():
         tasks.admit.delay()
         counts["admit"] += 1
+    from quotas.services import budget_alerts, reconcile
+
+    counts["budget_alerts"] = budget_alerts()
+    counts["drift"] = sum(reconcile().values())
     return counts
 
 

@@ -275,7 +275,7 @@ def _job_create(actor, workspace, template, name, overrides, idempotency_key, fi
     version = template.versions.get(version=template.latest_version)
     spec = resolve_spec(version, overrides, workspace.organization)
     requested = job_spec.requested_resources(spec)
-    check_submission(workspace, requested)
+    check_submission(workspace, requested, spec)
     reason = approval_needed(workspace, spec, requested)
     job = Job.objects.create(
         organization=workspace.organization,

@@ -105,3 +105,25 @@ class Reservation(models.Model):
 
     def __str__(self) -> str:
         return f"reservation of job {self.job_id}"
+
+
+class BudgetAlert(models.Model):
+    """A ``quota.threshold_reached`` event already sent for one budget period and threshold."""
+
+    workspace = models.ForeignKey(
+        "workspaces.Workspace", on_delete=models.CASCADE, related_name="+"
+    )
+    period = models.DateField()  # the first day of the month
+    threshold = models.PositiveSmallIntegerField()  # percent: 80 or 100
+    used_gpu_hours = models.FloatField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "period", "threshold"], name="one_alert_per_threshold"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.threshold}% of the GPU budget of {self.workspace_id} in {self.period}"

@@ -21,6 +21,7 @@ from django.utils import timezone
 from jobs.models import Job, JobState
 
 from .models import RESOURCES, OrgQuota, QueuePolicy, Reservation, WorkspaceQuota
+from .services import budget_exceeded, gpu_hours, month_start
 
 ADVISORY_NAMESPACE = 0x6D61  # "ma": keeps our lock ids apart from other users of pg locks
 
@@ -46,6 +47,7 @@ class Ledger:
     ws_quotas: dict[int, WorkspaceQuota]
     org: Usage
     ws: dict[int, Usage]
+    gpu_hours_used: dict[int, float] = dataclasses.field(default_factory=dict)
 
     def blocker(self, job: Job) -> str:
         """Why ``job`` does not fit now ('' when it does)."""
@@ -67,6 +69,16 @@ class Ledger:
                     f"organisation {name} capacity {capacity:g}: {getattr(self.org, name):g} "
                     f"reserved, this job needs {need:g}"
                 )
+        if job.workspace_id in self.gpu_hours_used:
+            over = budget_exceeded(
+                quota,
+                None,
+                job.requested["gpu"],
+                job.spec.get("max_runtime_seconds", 0),
+                used=self.gpu_hours_used[job.workspace_id],
+            )
+            if over:
+                return over + "; it waits for the next budget period"
         if (
             quota
             and quota.max_running_jobs is not None
@@ -111,14 +123,23 @@ def ledger_for(organization_id: int) -> Ledger:
         ws[row["workspace_id"]] = usage
         for name in (*RESOURCES, "running"):
             setattr(org, name, getattr(org, name) + getattr(usage, name))
+    ws_quotas = {
+        q.workspace_id: q
+        for q in WorkspaceQuota.objects.filter(
+            workspace__organization_id=organization_id
+        ).select_related("workspace")
+    }
+    period = month_start()
     return Ledger(
         org_quota=OrgQuota.objects.filter(organization_id=organization_id).first(),
-        ws_quotas={
-            q.workspace_id: q
-            for q in WorkspaceQuota.objects.filter(workspace__organization_id=organization_id)
-        },
+        ws_quotas=ws_quotas,
         org=org,
         ws=ws,
+        gpu_hours_used={
+            ws_id: gpu_hours(q.workspace, period)
+            for ws_id, q in ws_quotas.items()
+            if q.gpu_hours_per_month is not None
+        },
     )
 
 

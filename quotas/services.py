@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, F, Q, Sum
+from django.db.models import Count, Exists, F, OuterRef, Q, Sum
 from django.utils import timezone
 from rest_framework import status
 
@@ -30,6 +30,11 @@ WS_FIELDS = (
     + [f"limit_{r}" for r in RESOURCES]
     + ["max_running_jobs", "max_queued_jobs", "gpu_hours_per_month", "budget_action"]
 )
+
+
+class BudgetExhausted(DomainError):
+    type = "budget_exhausted"
+    status_code = status.HTTP_409_CONFLICT
 
 
 class QueueFull(DomainError):
@@ -125,8 +130,30 @@ def _save(actor: Actor, quota, changes: dict[str, list], label: str, **scope) ->
         )
 
 
-def check_submission(workspace, requested: dict[str, float]) -> None:
-    """Refuse a job that can never run here, or one the workspace's queue has no room for."""
+def budget_exceeded(
+    quota: WorkspaceQuota | None,
+    workspace,
+    requested_gpu: float,
+    max_runtime_seconds: float,
+    used: float | None = None,
+) -> str:
+    """Why a GPU job would exceed the monthly budget ('' when it would not). A job may use up
+    to requested GPUs × its max runtime."""
+    if not quota or quota.gpu_hours_per_month is None or not requested_gpu:
+        return ""
+    used = gpu_hours(workspace, month_start()) if used is None else used
+    worst = requested_gpu * max_runtime_seconds / 3600
+    if used + worst <= quota.gpu_hours_per_month + 1e-9:
+        return ""
+    return (
+        f"GPU budget {quota.gpu_hours_per_month:g} h/month: {used:g} h used, this job may "
+        f"use up to {worst:g} h"
+    )
+
+
+def check_submission(workspace, requested: dict[str, float], spec: dict[str, Any]) -> None:
+    """Refuse a job that can never run here, one the workspace's queue has no room for, or one
+    over the GPU budget when the workspace refuses those (otherwise it waits for next month)."""
     org_q = OrgQuota.objects.filter(organization_id=workspace.organization_id).first()
     ws_q = WorkspaceQuota.objects.filter(workspace=workspace).first()
     for name in RESOURCES:
@@ -145,6 +172,9 @@ def check_submission(workspace, requested: dict[str, float]) -> None:
                 f"this job needs {need:g} {name}; the organisation's capacity is "
                 f"{capacity:g}, so it could never run",
             )
+    over = budget_exceeded(ws_q, workspace, requested["gpu"], spec["max_runtime_seconds"])
+    if over and ws_q.budget_action == "refuse":
+        raise BudgetExhausted(over, errors={"requested.gpu": [over]})
     if ws_q and ws_q.max_queued_jobs is not None:
         from jobs.models import Job, JobState
 
@@ -215,3 +245,92 @@ def usage(workspace) -> dict[str, Any]:
         "gpu_hours_this_month": gpu_hours(workspace, month_start()),
         "gpu_hours_per_month": quota.gpu_hours_per_month,
     }
+
+
+THRESHOLDS = (80, 100)
+
+
+def budget_alerts() -> int:
+    """Emit ``quota.threshold_reached`` once per workspace, month and threshold crossed."""
+    from notifications.services import event_emit
+
+    from .models import BudgetAlert
+
+    period = month_start()
+    sent = 0
+    for quota in WorkspaceQuota.objects.filter(gpu_hours_per_month__gt=0).select_related(
+        "workspace__organization"
+    ):
+        used = gpu_hours(quota.workspace, period)
+        percent = used / quota.gpu_hours_per_month * 100
+        for threshold in THRESHOLDS:
+            if percent < threshold:
+                continue
+            with transaction.atomic():
+                _, created = BudgetAlert.objects.get_or_create(
+                    workspace=quota.workspace,
+                    period=period.date(),
+                    threshold=threshold,
+                    defaults={"used_gpu_hours": used},
+                )
+                if created:
+                    event_emit(
+                        type="quota.threshold_reached",
+                        organization=quota.workspace.organization,
+                        workspace=quota.workspace,
+                        payload={
+                            "workspace": quota.workspace.slug,
+                            "threshold_percent": threshold,
+                            "gpu_hours_used": used,
+                            "gpu_hours_per_month": quota.gpu_hours_per_month,
+                            "period": period.date().isoformat(),
+                        },
+                    )
+                    sent += 1
+    return sent
+
+
+def reconcile() -> dict[str, int]:
+    """Check the admission invariants and count every drift (0 everywhere when all holds):
+    a reservation exists exactly for each launching/running job; reservations stay within each
+    org's capacity and each workspace's limit; running jobs within the max-running limits."""
+    import logging
+
+    from jobs.models import ACTIVE_STATES, Job
+
+    active = Reservation.objects.filter(released_at__isnull=True)
+    drift = {
+        "orphan_reservations": active.exclude(job__state__in=ACTIVE_STATES).count(),
+        "missing_reservations": Job.objects.filter(state__in=ACTIVE_STATES)
+        .filter(~Exists(active.filter(job=OuterRef("pk"))))
+        .count(),
+        "over_capacity": 0,
+        "over_limit": 0,
+        "over_running": 0,
+    }
+    for row in active.values("organization_id").annotate(
+        cpu=Sum("cpu"), memory_gb=Sum("memory_gb"), gpu=Sum("gpu"), jobs=Count("id")
+    ):
+        quota = OrgQuota.objects.filter(organization_id=row["organization_id"]).first()
+        if quota is None:
+            continue
+        for name in RESOURCES:
+            cap = getattr(quota, name)
+            drift["over_capacity"] += int(cap is not None and row[name] > cap + 1e-9)
+        cap = quota.max_running_jobs
+        drift["over_running"] += int(cap is not None and row["jobs"] > cap)
+    limits = {q.workspace_id: q for q in WorkspaceQuota.objects.all()}
+    for row in active.values("workspace_id").annotate(
+        cpu=Sum("cpu"), memory_gb=Sum("memory_gb"), gpu=Sum("gpu"), jobs=Count("id")
+    ):
+        quota = limits.get(row["workspace_id"])
+        if quota is None:
+            continue
+        for name in RESOURCES:
+            limit = getattr(quota, f"limit_{name}")
+            drift["over_limit"] += int(limit is not None and row[name] > limit + 1e-9)
+        cap = quota.max_running_jobs
+        drift["over_running"] += int(cap is not None and row["jobs"] > cap)
+    if any(drift.values()):
+        logging.getLogger(__name__).error("quota invariants drifted: %s", drift)
+    return drift

@@ -1,0 +1,42 @@
+"""The periodic reconciliation finds drift in the admission invariants and reports it (log and
+/metrics)."""
+
+from rest_framework.test import APIClient
+
+from jobs.models import Job
+from quotas import scheduler, services
+from quotas.models import OrgQuota, Reservation, WorkspaceQuota
+
+HEALTHY = {"orphan_reservations": 0, "missing_reservations": 0, "over_capacity": 0,
+           "over_limit": 0, "over_running": 0}  # fmt: skip
+
+
+def test_healthy_after_admission(world, template):
+    OrgQuota.objects.create(organization=world.org, cpu=4)
+    for _ in range(3):
+        world.client("developer").post("/api/v1/orgs/acme/workspaces/ml/jobs/",
+                                       {"template": template.pk}, format="json")  # fmt: skip
+    assert len(scheduler.admit(world.org.pk)) == 3
+    assert services.reconcile() == HEALTHY
+
+
+def test_drift_is_found_and_exported(world, template, caplog):
+    OrgQuota.objects.create(organization=world.org, cpu=1)
+    WorkspaceQuota.objects.create(workspace=world.ws, limit_cpu=1)
+    ids = [world.client("developer").post("/api/v1/orgs/acme/workspaces/ml/jobs/",
+                                          {"template": template.pk}, format="json").json()["id"]
+           for _ in range(3)]  # fmt: skip
+    assert scheduler.admit(world.org.pk) == [ids[0]]
+    # Tamper behind the scheduler's back: a job running without a reservation, a reservation
+    # for a job that is not running, and more held than the capacity.
+    Job.objects.filter(pk=ids[1]).update(state="running")
+    Reservation.objects.create(job_id=ids[2], organization=world.org, workspace=world.ws, cpu=1,
+                               memory_gb=0, gpu=0)  # fmt: skip
+    drift = services.reconcile()
+    assert drift["missing_reservations"] == 1
+    assert drift["orphan_reservations"] == 1
+    assert drift["over_capacity"] == 1 and drift["over_limit"] == 1
+    assert "quota invariants drifted" in caplog.text
+    text = APIClient().get("/metrics").content.decode()
+    assert 'manta_quota_drift{kind="orphan_reservations"} 1.0' in text
+    assert 'manta_jobs{state="running"} 1.0' in text
