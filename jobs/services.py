@@ -311,44 +311,35 @@ def _job_create(actor, workspace, template, name, overrides, idempotency_key, fi
     return job
 
 
-def job_approve(*, actor: Actor, job: Job, reason: str = "") -> Job:
+def _decide(actor: Actor, job: Job, to_state: str, **kwargs) -> Job:
+    """Approve or reject: never by the submitter; records who decided, when and why."""
     if job.submitted_by_id == actor.user_id:
-        raise SelfApprovalForbidden("a submitter cannot approve their own job")
-    now = timezone.now()
+        raise SelfApprovalForbidden("a submitter cannot decide on their own job")
+    now, reason = timezone.now(), kwargs.get("reason", "")
 
     def decide(locked: Job) -> None:
         locked.decided_by, locked.decided_at, locked.decision_reason = actor.user, now, reason
 
-    return transition(
-        job.pk,
+    return transition(job.pk, to_state, actor=actor, mutate=decide, **kwargs)
+
+
+def job_approve(*, actor: Actor, job: Job, reason: str = "") -> Job:
+    return _decide(
+        actor,
+        job,
         JobState.QUEUED,
-        actor=actor,
         kind="approved",
         reason=reason,
         audit_action="job.approve",
         expect_from=frozenset({JobState.PENDING_APPROVAL}),
-        mutate=decide,
     )
 
 
 def job_reject(*, actor: Actor, job: Job, reason: str) -> Job:
     if not reason.strip():
         raise InvalidInput.on("reason", "a rejection needs a reason")
-    if job.submitted_by_id == actor.user_id:
-        raise SelfApprovalForbidden("a submitter cannot decide on their own job")
-    now = timezone.now()
-
-    def decide(locked: Job) -> None:
-        locked.decided_by, locked.decided_at, locked.decision_reason = actor.user, now, reason
-
-    return transition(
-        job.pk,
-        JobState.REJECTED,
-        actor=actor,
-        kind="rejected",
-        reason=reason,
-        audit_action="job.reject",
-        mutate=decide,
+    return _decide(
+        actor, job, JobState.REJECTED, kind="rejected", reason=reason, audit_action="job.reject"
     )
 
 
