@@ -7,8 +7,11 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         from . import execution, state, tasks
-        from .models import JobState
+        from .models import TERMINAL_STATES, JobState
 
         # Nothing leaves before commit: these run after the transition's transaction commits.
-        state.on_state(JobState.QUEUED, lambda job_id: tasks.admit.delay())
+        # A job that joins the queue, or one that ends and frees what it held, starts an
+        # admission pass.
+        for joined_or_freed in (JobState.QUEUED, *TERMINAL_STATES):
+            state.on_state(joined_or_freed, lambda job_id: tasks.admit.delay())
         state.on_state(JobState.CANCELLED, execution.job_cancelled)

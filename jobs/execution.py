@@ -149,14 +149,68 @@ def attempts_create(jobs: list[Job]) -> list[JobAttempt]:
     return attempts
 
 
+def attempts_preempt(job_ids: list[int], *, reason: str, for_job: int) -> list[int]:
+    """Send running jobs back to the queue to give capacity back to a workspace under its
+    guarantee, in the caller's (admission) transaction: the jobs go to ``queued`` with a
+    ``preempted`` event (their reservations are released by that move), their attempts end as
+    ``preempted`` (so no launch or follow step acts on them again), and after commit their
+    clusters are torn down. Jobs that ended meanwhile are left alone. Returns the preempted ids.
+    """
+    jobs = list(
+        Job.objects.select_for_update(of=("self",))
+        .filter(pk__in=job_ids, state__in=(JobState.LAUNCHING, JobState.RUNNING))
+        .order_by("pk")
+    )
+    if not jobs:
+        return []
+    active = JobAttempt.objects.filter(job__in=jobs, state__in=ATTEMPT_ACTIVE)
+    attempts = {job_id: (pk, n) for job_id, pk, n in active.values_list("job_id", "pk", "number")}
+    transition_many(
+        jobs,
+        JobState.QUEUED,
+        actor=SYSTEM,
+        kind="preempted",
+        reason=reason,
+        data={
+            job.pk: {"attempt": attempts.get(job.pk, (None, None))[1], "preempted_for": for_job}
+            for job in jobs
+        },
+    )
+    JobAttempt.objects.filter(pk__in=[pk for pk, _ in attempts.values()]).update(
+        state=AttemptState.PREEMPTED,
+        failure_reason="preempted",
+        finished_at=Coalesce(F("finished_at"), Value(timezone.now())),
+    )
+    ids = [str(pk) for pk, _ in attempts.values()]
+    from . import tasks
+
+    transaction.on_commit(lambda: tasks.send_many(tasks.evict_attempt, [(pk,) for pk in ids]))
+    return [job.pk for job in jobs]
+
+
+def attempt_evict(attempt_id: str) -> None:
+    """Tear down the cluster of a preempted attempt. A launch still in progress holds the
+    lease: wait for it (it stops a cluster it finds its attempt no longer wants)."""
+    attempt = _load(attempt_id)
+    if attempt.state != AttemptState.PREEMPTED or attempt.torn_down_at is not None:
+        return
+    with _leased(attempt_id, states=(AttemptState.PREEMPTED,)) as leased:
+        if not leased:
+            from . import tasks
+
+            tasks.evict_attempt.apply_async((attempt_id,), countdown=2)
+            return
+        attempt_teardown(_load(attempt_id))
+
+
 # --- launch ------------------------------------------------------------------------------------
 
 
-def _claim(attempt_id: str) -> bool:
+def _claim(attempt_id: str, states=ATTEMPT_ACTIVE) -> bool:
     """Take the attempt's lease unless another worker holds it."""
     now = timezone.now()
     claimed = (
-        JobAttempt.objects.filter(pk=attempt_id, state__in=ATTEMPT_ACTIVE)
+        JobAttempt.objects.filter(pk=attempt_id, state__in=states)
         .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
         .update(lease_until=now + dt.timedelta(seconds=settings.MANTA_LEASE_SECONDS))
     )
@@ -164,11 +218,11 @@ def _claim(attempt_id: str) -> bool:
 
 
 @contextlib.contextmanager
-def _leased(attempt_id: str):
+def _leased(attempt_id: str, states=ATTEMPT_ACTIVE):
     """Hold the attempt's lease, renewed in the background while the body runs (starting a
     cluster takes a while). A worker that dies stops renewing, so the lease soon expires and
     the sweep can hand the attempt to another worker."""
-    if not _claim(attempt_id):
+    if not _claim(attempt_id, states):
         yield False
         return
     done = threading.Event()
@@ -219,8 +273,8 @@ def attempt_launch(attempt_id: str) -> None:
             handle = handle_of(attempt)
             if handle is None:
                 handle = _start(attempt, launcher, request, target)
-            if Job.objects.filter(pk=attempt.job_id, state=JobState.LAUNCHING).count() == 0:
-                return  # cancelled while the cluster came up: the cancel task tears it down
+            if not _still_wanted(attempt):
+                return  # cancelled or preempted while the cluster came up: that path tears down
             if hasattr(launcher, "submit"):  # kuberay submits as part of launch()
                 launcher.submit(handle, request)
             now = timezone.now()
@@ -235,6 +289,14 @@ def attempt_launch(attempt_id: str) -> None:
             attempt_settle(attempt_id, fail, reason="launch_failed")
             return
     follow_start(attempt_id)
+
+
+def _still_wanted(attempt: JobAttempt) -> bool:
+    """The attempt is active and its job is launching (a preempted job may be launching again,
+    on a newer attempt)."""
+    return JobAttempt.objects.filter(
+        pk=attempt.pk, state__in=ATTEMPT_ACTIVE, job__state=JobState.LAUNCHING
+    ).exists()
 
 
 def _start(attempt: JobAttempt, launcher, request: LaunchRequest, target) -> dict[str, Any]:
@@ -356,7 +418,9 @@ def attempt_settle(attempt_id: str, state: RayJobState, *, reason: str = "") -> 
     else:
         failure = reason or ("stopped" if state.status == RAY_STOPPED else "entrypoint_failed")
         attempt_state = AttemptState.FAILED
-        retries_left = attempt.number <= job.spec.get("max_retries", 0)
+        # Runs that failed, this one included (a preempted run is not the job's fault).
+        failures = 1 + JobAttempt.objects.filter(job=job, state=AttemptState.FAILED).count()
+        retries_left = failures <= job.spec.get("max_retries", 0)
         job_state = JobState.QUEUED if retries_left and failure in RETRYABLE else JobState.FAILED
     with transaction.atomic():
         updated = JobAttempt.objects.filter(pk=attempt_id, state__in=ATTEMPT_ACTIVE).update(
@@ -376,7 +440,7 @@ def attempt_settle(attempt_id: str, state: RayJobState, *, reason: str = "") -> 
             locked.message = message
 
         if job_state == JobState.QUEUED:
-            data["retry"] = f"{attempt.number + 1} of {job.spec.get('max_retries', 0) + 1}"
+            data["retry"] = f"{failures + 1} of {job.spec.get('max_retries', 0) + 1}"
             _move(job.pk, JobState.QUEUED, kind="retry", reason=failure, data=data)
         else:
             _move(job.pk, job_state, reason=failure, data=data, mutate=record)
@@ -454,6 +518,13 @@ def sweep() -> dict[str, int]:
         else:
             follow_start(str(attempt.pk))
             counts["follow"] += 1
+    evictions = JobAttempt.objects.filter(
+        state=AttemptState.PREEMPTED, torn_down_at__isnull=True, finished_at__lt=stale
+    ).filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+    counts["evict"] = 0
+    for pk in evictions.values_list("pk", flat=True):
+        tasks.evict_attempt.delay(str(pk))
+        counts["evict"] += 1
     if Job.objects.filter(state=JobState.QUEUED).exists():
         tasks.admit.delay()
         counts["admit"] += 1

@@ -212,14 +212,21 @@ def transition(
 
 @transaction.atomic
 def transition_many(
-    jobs: list[Job], to_state: str, *, actor: Actor, data: dict[int, dict[str, Any]] | None = None
+    jobs: list[Job],
+    to_state: str,
+    *,
+    actor: Actor,
+    kind: str | None = None,
+    reason: str = "",
+    data: dict[int, dict[str, Any]] | None = None,
 ) -> list[Job]:
-    """:func:`transition` for many jobs of one organisation at once (admission): the same rules
-    and the same rows — a timeline event, an audit event and an outbox row per job — written
-    with one lock query and one insert per table instead of several queries per job."""
+    """:func:`transition` for many jobs of one organisation at once (admission, preemption):
+    the same rules and the same rows — a timeline event, an audit event and an outbox row per
+    job — written with one lock query and one insert per table instead of several per job."""
     if not jobs:
         return []
     data = data or {}
+    kind = kind or to_state
     locked = list(
         Job.objects.select_for_update(of=("self",))
         .select_related("workspace", "organization", "submitted_by")
@@ -253,9 +260,10 @@ def transition_many(
             job=job,
             from_state=from_states[job.pk],
             to_state=to_state,
-            kind=to_state,
+            kind=kind,
             actor=actor.user,
             actor_label=actor.label,
+            reason=reason[:1000],
             data=data.get(job.pk, {}),
         )
         for job in locked
@@ -270,7 +278,7 @@ def transition_many(
                 "target_repr": f"job {job.pk} {job.name}",
                 "workspace": job.workspace,
                 "changes": {"state": [from_states[job.pk], to_state]},
-                "metadata": {"kind": to_state, "reason": "", **data.get(job.pk, {})},
+                "metadata": {"kind": kind, "reason": reason, **data.get(job.pk, {})},
             }
             for job in locked
         ],
@@ -281,11 +289,13 @@ def transition_many(
             organization=job.organization,
             workspace=job.workspace,
             payload=json.loads(
-                json.dumps({**job_payload(job), "reason": "", "actor": actor.label}, default=str)
+                json.dumps(
+                    {**job_payload(job), "reason": reason, "actor": actor.label}, default=str
+                )
             ),
         )
         for job in locked
-        for event_type in event_types(to_state, to_state)
+        for event_type in event_types(kind, to_state)
     )
     for job in locked:
         for callback in _in_transaction:

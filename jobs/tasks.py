@@ -57,6 +57,11 @@ def cancel_attempt(attempt_id: str) -> None:
     execution.attempt_cancel(attempt_id)
 
 
+@shared_task(name="manta.jobs.evict_attempt")
+def evict_attempt(attempt_id: str) -> None:
+    execution.attempt_evict(attempt_id)
+
+
 @shared_task(name="manta.jobs.sweep")
 def sweep() -> dict[str, int]:
     return execution.sweep()

@@ -33,10 +33,21 @@ class Usage:
     gpu: float = 0.0
     running: int = 0
 
-    def add(self, job: Job) -> None:
+    def add(self, requested: dict[str, float], sign: int = 1) -> None:
         for name in RESOURCES:
-            setattr(self, name, getattr(self, name) + job.requested[name])
-        self.running += 1
+            setattr(self, name, getattr(self, name) + sign * requested[name])
+        self.running += sign
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """One active reservation: what a launching/running job holds (a preemption candidate)."""
+
+    job_id: int
+    workspace_id: int
+    priority: int
+    admitted_at: Any
+    requested: dict[str, float]
 
 
 @dataclasses.dataclass
@@ -51,23 +62,20 @@ class Ledger:
 
     def blocker(self, job: Job) -> str:
         """Why ``job`` does not fit now ('' when it does)."""
+        return self.workspace_blocker(job) or self.org_blocker(job)
+
+    def workspace_blocker(self, job: Job) -> str:
+        """What of the job's own workspace stops it (limits, budget, max running): what no
+        preemption of other workspaces can change."""
         ws_usage = self.ws[job.workspace_id]
         quota = self.ws_quotas.get(job.workspace_id)
         for name in RESOURCES:
             need = job.requested[name]
-            if not need:
-                continue
             limit = quota.limit()[name] if quota else None
-            if limit is not None and getattr(ws_usage, name) + need > limit + 1e-9:
+            if need and limit is not None and getattr(ws_usage, name) + need > limit + 1e-9:
                 return (
                     f"workspace {name} limit {limit:g}: {getattr(ws_usage, name):g} reserved, "
                     f"this job needs {need:g}"
-                )
-            capacity = getattr(self.org_quota, name) if self.org_quota else None
-            if capacity is not None and getattr(self.org, name) + need > capacity + 1e-9:
-                return (
-                    f"organisation {name} capacity {capacity:g}: {getattr(self.org, name):g} "
-                    f"reserved, this job needs {need:g}"
                 )
         if job.workspace_id in self.gpu_hours_used:
             over = budget_exceeded(
@@ -87,14 +95,65 @@ class Ledger:
             return (
                 f"workspace max_running_jobs {quota.max_running_jobs}: {ws_usage.running} running"
             )
+        return ""
+
+    def org_blocker(self, job: Job) -> str:
+        """What of the organisation's capacity stops it: what others hold."""
+        for name in self.short_of(job):
+            capacity = getattr(self.org_quota, name)
+            return (
+                f"organisation {name} capacity {capacity:g}: {getattr(self.org, name):g} "
+                f"reserved, this job needs {job.requested[name]:g}"
+            )
         org_max = self.org_quota.max_running_jobs if self.org_quota else None
         if org_max is not None and self.org.running >= org_max:
             return f"organisation max_running_jobs {org_max}: {self.org.running} running"
         return ""
 
+    def short_of(self, job: Job) -> list[str]:
+        """The resources the organisation has too little of left for ``job``."""
+        if self.org_quota is None:
+            return []
+        return [
+            name
+            for name in RESOURCES
+            if job.requested[name]
+            and getattr(self.org_quota, name) is not None
+            and getattr(self.org, name) + job.requested[name] > getattr(self.org_quota, name) + 1e-9
+        ]
+
     def hold(self, job: Job) -> None:
-        self.org.add(job)
-        self.ws[job.workspace_id].add(job)
+        self.org.add(job.requested)
+        self.ws[job.workspace_id].add(job.requested)
+
+    def hold_again(self, held: Held) -> None:
+        self.org.add(held.requested)
+        self.ws[held.workspace_id].add(held.requested)
+
+    def release(self, held: Held) -> None:
+        self.org.add(held.requested, -1)
+        self.ws[held.workspace_id].add(held.requested, -1)
+
+    def guarantee(self, workspace_id: int) -> dict[str, float]:
+        quota = self.ws_quotas.get(workspace_id)
+        return quota.guaranteed() if quota else dict.fromkeys(RESOURCES, 0.0)
+
+    def within_guarantee(self, job: Job) -> bool:
+        """Whether the job, added to what its workspace holds, stays within its guarantee of
+        every resource the organisation caps (an uncapped resource is never short)."""
+        guaranteed, usage = self.guarantee(job.workspace_id), self.ws[job.workspace_id]
+        return all(
+            getattr(usage, name) + job.requested[name] <= guaranteed[name] + 1e-9
+            for name in RESOURCES
+            if self.org_quota is not None and getattr(self.org_quota, name) is not None
+        )
+
+    def borrowing(self, workspace_id: int, name: str) -> bool:
+        """Whether the workspace holds more of ``name`` than it is guaranteed (only a resource
+        the organisation caps can be borrowed)."""
+        if self.org_quota is None or getattr(self.org_quota, name) is None:
+            return False
+        return getattr(self.ws[workspace_id], name) > self.guarantee(workspace_id)[name] + 1e-9
 
     def dominant_share(self, workspace_id: int) -> float:
         quota = self.ws_quotas.get(workspace_id)
@@ -218,6 +277,90 @@ def _plan_fair_share(ledger: Ledger, organization_id: int) -> list[Job]:
     return admitted
 
 
+def _held(organization_id: int) -> list[Held]:
+    """The active reservations of an organisation, in preemption order: lowest priority first,
+    then the newest admission first (it has lost the least work)."""
+    rows = (
+        Reservation.objects.filter(organization_id=organization_id, released_at__isnull=True)
+        .order_by("job__priority", "-created_at", "-job_id")
+        .values_list("job_id", "workspace_id", "job__priority", "created_at", *RESOURCES)
+    )
+    return [
+        Held(job_id, ws_id, priority, at, dict(zip(RESOURCES, amounts, strict=True)))
+        for job_id, ws_id, priority, at, *amounts in rows
+    ]
+
+
+@dataclasses.dataclass
+class Preemption:
+    job: Job  # the queued job that gets its guarantee back
+    victims: list[Held]
+
+    def reason(self) -> str:
+        return (
+            f"preempted for job {self.job.pk} of workspace {self.job.workspace.slug}, "
+            "which is under its guarantee"
+        )
+
+
+def _victims_for(ledger: Ledger, job: Job, candidates: list[Held]) -> list[Held] | None:
+    """Borrowed reservations whose release makes room for ``job`` (``ledger`` is updated), or
+    None when even all of them would not (then nothing is released)."""
+    chosen: list[Held] = []
+    for held in candidates:
+        if held.workspace_id == job.workspace_id:
+            continue
+        short = ledger.short_of(job)
+        running_full = not short and ledger.org_blocker(job) != ""
+        useful = any(
+            held.requested[name] > 0 and ledger.borrowing(held.workspace_id, name)
+            for name in (short or (RESOURCES if running_full else ()))
+        )
+        if not useful:
+            continue
+        ledger.release(held)
+        chosen.append(held)
+        if not ledger.blocker(job):
+            return chosen
+    for held in chosen:
+        ledger.hold_again(held)
+    return None
+
+
+def plan_preemptions(ledger: Ledger, organization_id: int, admitted: set[int]) -> list[Preemption]:
+    """Give guarantees back: for each workspace whose next queued job fits within its guarantee
+    but not in what is left, preempt running jobs of workspaces above their guarantee
+    (borrowers) until it fits. One job per workspace per pass; the requeued victims trigger the
+    next pass. Victims never come from a workspace within its guarantee, and a job that fits
+    within its own guarantee can never be one, so two workspaces cannot preempt each other."""
+    preemptions: list[Preemption] = []
+    candidates: list[Held] | None = None
+    for workspace_id, quota in ledger.ws_quotas.items():
+        if not any(quota.guaranteed().values()):
+            continue
+        job = (
+            _queued(organization_id)
+            .filter(workspace_id=workspace_id)
+            .exclude(pk__in=admitted)
+            .select_related("workspace")
+            .first()
+        )
+        if job is None or not ledger.within_guarantee(job) or ledger.workspace_blocker(job):
+            continue
+        if not ledger.org_blocker(job):
+            continue  # it fits without anyone leaving (the policy held it back)
+        if candidates is None:
+            candidates = _held(organization_id)
+        victims = _victims_for(ledger, job, candidates)
+        if victims is None:
+            continue
+        ledger.hold(job)
+        preemptions.append(Preemption(job, victims))
+        gone = {held.job_id for held in victims}
+        candidates = [held for held in candidates if held.job_id not in gone]
+    return preemptions
+
+
 def _lock(organization_id: int) -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
@@ -228,7 +371,7 @@ def _lock(organization_id: int) -> None:
 
 def admit(organization_id: int) -> list[int]:
     """One admission pass for an organisation. Returns the admitted job ids."""
-    from jobs.execution import attempts_create
+    from jobs.execution import attempts_create, attempts_preempt
 
     with transaction.atomic():
         _lock(organization_id)
@@ -237,6 +380,15 @@ def admit(organization_id: int) -> list[int]:
         policy = quota.policy if quota else QueuePolicy.FIFO
         max_wait = quota.balanced_max_wait_seconds if quota else 600
         chosen = plan(ledger, organization_id, policy, max_wait)
+        if quota and quota.preemption:
+            preemptions = plan_preemptions(ledger, organization_id, {job.pk for job in chosen})
+            for preemption in preemptions:
+                attempts_preempt(
+                    [held.job_id for held in preemption.victims],
+                    reason=preemption.reason(),
+                    for_job=preemption.job.pk,
+                )
+                chosen.append(preemption.job)
         Reservation.objects.bulk_create(
             Reservation(
                 job=job,
