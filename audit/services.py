@@ -9,6 +9,8 @@ from typing import Any
 from django.db import models, transaction
 from django.utils import timezone
 
+from config.db import copy_insert
+
 from .actions import is_registered
 from .chain import event_hash, org_chain
 from .context import Actor, current_request
@@ -118,6 +120,6 @@ def record_many(
         )
         event.hash = prev_hash = event_hash(prev_hash, event)
         events.append(event)
-    AuditEvent.objects.bulk_create(events)
+    copy_insert(AuditEvent, events)
     AuditChainHead.objects.filter(chain=chain).update(seq=seq, hash=prev_hash)
     return events

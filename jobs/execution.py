@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from audit.context import Actor
 from config import secrets
+from config.db import copy_insert
 from workspaces.models import ComputeTarget, ComputeTargetKind
 from workspaces.services import compute_target_secrets
 
@@ -132,15 +133,18 @@ def attempts_create(jobs: list[Job]) -> list[JobAttempt]:
         actor=SYSTEM,
         data={pk: {"attempt": number} for pk, number in numbers.items()},
     )
-    attempts = JobAttempt.objects.bulk_create(
-        JobAttempt(
-            job=job,
-            number=numbers[job.pk],
-            target_kind="",
-            target_name=job.workspace.compute_target,
-            cluster_name=cluster_name_for(job, numbers[job.pk]),
-        )
-        for job in locked
+    attempts = copy_insert(
+        JobAttempt,
+        (
+            JobAttempt(
+                job=job,
+                number=numbers[job.pk],
+                target_kind="",
+                target_name=job.workspace.compute_target,
+                cluster_name=cluster_name_for(job, numbers[job.pk]),
+            )
+            for job in locked
+        ),
     )
     ids = [str(attempt.pk) for attempt in attempts]
     from . import tasks

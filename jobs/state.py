@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from audit import services as audit
 from audit.context import Actor
+from config.db import copy_insert
 from config.errors import Conflict
 from notifications.models import DomainEvent
 from notifications.services import event_emit
@@ -210,6 +211,30 @@ def transition(
     return job
 
 
+# What a bulk move reads of each job: its state, what the timeline, audit and outbox rows say of
+# it, and what launching it needs. The spec and the rest stay in the table.
+BULK_FIELDS = (
+    "id",
+    "name",
+    "state",
+    "priority",
+    "failure_reason",
+    "message",
+    "requested_cpu",
+    "requested_memory_gb",
+    "requested_gpu",
+    "queued_at",
+    "started_at",
+    "finished_at",
+    "updated_at",
+    "workspace__slug",
+    "workspace__organization_id",
+    "workspace__compute_target",
+    "organization__slug",
+    "submitted_by__email",
+)
+
+
 @transaction.atomic
 def transition_many(
     jobs: list[Job],
@@ -230,6 +255,7 @@ def transition_many(
     locked = list(
         Job.objects.select_for_update(of=("self",))
         .select_related("workspace", "organization", "submitted_by")
+        .only(*BULK_FIELDS)
         .filter(pk__in=[job.pk for job in jobs])
         .order_by("pk")
     )
@@ -255,18 +281,21 @@ def transition_many(
             job.started_at = job.started_at or now
         elif to_state in TERMINAL_STATES:
             job.finished_at = now
-    JobEvent.objects.bulk_create(
-        JobEvent(
-            job=job,
-            from_state=from_states[job.pk],
-            to_state=to_state,
-            kind=kind,
-            actor=actor.user,
-            actor_label=actor.label,
-            reason=reason[:1000],
-            data=data.get(job.pk, {}),
-        )
-        for job in locked
+    copy_insert(
+        JobEvent,
+        (
+            JobEvent(
+                job=job,
+                from_state=from_states[job.pk],
+                to_state=to_state,
+                kind=kind,
+                actor=actor.user,
+                actor_label=actor.label,
+                reason=reason[:1000],
+                data=data.get(job.pk, {}),
+            )
+            for job in locked
+        ),
     )
     audit.record_many(
         actor=actor,

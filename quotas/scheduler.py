@@ -15,9 +15,12 @@ from collections import defaultdict
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, IntegerField, Q, Sum
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast
 from django.utils import timezone
 
+from config.db import copy_insert
 from jobs.models import Job, JobState
 
 from .models import RESOURCES, OrgQuota, QueuePolicy, Reservation, WorkspaceQuota
@@ -82,7 +85,7 @@ class Ledger:
                 quota,
                 None,
                 job.requested["gpu"],
-                job.spec.get("max_runtime_seconds", 0),
+                max_runtime_of(job),
                 used=self.gpu_hours_used[job.workspace_id],
             )
             if over:
@@ -206,6 +209,33 @@ QUEUE_CHUNK = 500  # queued rows fetched at a time: a pass reads only as far as 
 MAX_BLOCKED_SCAN = 1000  # round_robin/balanced: stop after this many misses in a row
 
 
+# What a pass reads of a queued job: the rest of the row (its spec, timestamps, texts) is
+# loaded by the transition that admits it, so the scan stays cheap however long the queue.
+PLAN_FIELDS = (
+    "id",
+    "organization_id",
+    "workspace_id",
+    "priority",
+    "queued_at",
+    "state",
+    "requested_cpu",
+    "requested_memory_gb",
+    "requested_gpu",
+)
+
+
+def max_runtime_of(job: Job) -> int:
+    if hasattr(job, "max_runtime"):  # annotated by the queue scan
+        return job.max_runtime or 0
+    return job.spec.get("max_runtime_seconds", 0)
+
+
+def _scan(queryset):
+    return queryset.only(*PLAN_FIELDS).annotate(
+        max_runtime=Cast(KT("spec__max_runtime_seconds"), IntegerField())
+    )
+
+
 def _queued(organization_id: int):
     """Queued jobs in base order: priority (9 first), then time queued, then id."""
     return Job.objects.filter(organization_id=organization_id, state=JobState.QUEUED).order_by(
@@ -223,7 +253,7 @@ def plan(ledger: Ledger, organization_id: int, policy: str, max_wait: float) -> 
     admitted: list[Job] = []
     now = timezone.now()
     misses = 0
-    for job in _queued(organization_id).iterator(chunk_size=QUEUE_CHUNK):
+    for job in _scan(_queued(organization_id)).iterator(chunk_size=QUEUE_CHUNK):
         if ledger.blocker(job):
             if policy == QueuePolicy.FIFO:
                 break
@@ -254,7 +284,7 @@ def _plan_fair_share(ledger: Ledger, organization_id: int) -> list[Job]:
         .distinct()
     )
     queues = {
-        ws: _queued(organization_id).filter(workspace_id=ws).iterator(chunk_size=64)
+        ws: _scan(_queued(organization_id).filter(workspace_id=ws)).iterator(chunk_size=64)
         for ws in workspace_ids
     }
     # A heap of each workspace's head, keyed by its workspace's dominant share: only the
@@ -389,14 +419,17 @@ def admit(organization_id: int) -> list[int]:
                     for_job=preemption.job.pk,
                 )
                 chosen.append(preemption.job)
-        Reservation.objects.bulk_create(
-            Reservation(
-                job=job,
-                organization_id=organization_id,
-                workspace_id=job.workspace_id,
-                **job.requested,
-            )
-            for job in chosen
+        copy_insert(
+            Reservation,
+            (
+                Reservation(
+                    job=job,
+                    organization_id=organization_id,
+                    workspace_id=job.workspace_id,
+                    **job.requested,
+                )
+                for job in chosen
+            ),
         )
         attempts_create(chosen)
     return [job.pk for job in chosen]
