@@ -127,3 +127,18 @@ class BudgetAlert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.threshold}% of the GPU budget of {self.workspace_id} in {self.period}"
+
+
+class AdmissionRequests(models.Model):
+    """Single-flight admission: how many passes were asked for an organisation, and up to which
+    request the last completed pass served. A trigger that finds a pass running only bumps
+    ``requested``; the running pass sees it and goes round once more."""
+
+    organization = models.OneToOneField(
+        "workspaces.Organization", on_delete=models.CASCADE, primary_key=True, related_name="+"
+    )
+    requested = models.BigIntegerField(default=0)
+    served = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"admission of {self.organization_id}: {self.served}/{self.requested}"

@@ -15,7 +15,7 @@ from collections import defaultdict
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, IntegerField, Q, Sum
+from django.db.models import Count, F, IntegerField, Q, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from django.utils import timezone
@@ -23,7 +23,14 @@ from django.utils import timezone
 from config.db import copy_insert
 from jobs.models import Job, JobState
 
-from .models import RESOURCES, OrgQuota, QueuePolicy, Reservation, WorkspaceQuota
+from .models import (
+    RESOURCES,
+    AdmissionRequests,
+    OrgQuota,
+    QueuePolicy,
+    Reservation,
+    WorkspaceQuota,
+)
 from .services import budget_exceeded, gpu_hours, month_start
 
 ADVISORY_NAMESPACE = 0x6D61  # "ma": keeps our lock ids apart from other users of pg locks
@@ -391,54 +398,93 @@ def plan_preemptions(ledger: Ledger, organization_id: int, admitted: set[int]) -
     return preemptions
 
 
-def _lock(organization_id: int) -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_advisory_xact_lock(%s, %s)", [ADVISORY_NAMESPACE, organization_id]
-            )
+def _lock(organization_id: int, *, wait: bool = True) -> bool:
+    """Take the organisation's admission lock for this transaction (SQLite's IMMEDIATE
+    transactions already serialise writers). Without ``wait``, False when a pass holds it."""
+    if connection.vendor != "postgresql":
+        return True
+    function = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {function}(%s, %s)", [ADVISORY_NAMESPACE, organization_id])
+        return wait or cursor.fetchone()[0]
 
 
 def admit(organization_id: int) -> list[int]:
-    """One admission pass for an organisation. Returns the admitted job ids."""
-    from jobs.execution import attempts_create, attempts_preempt
-
+    """One admission pass for an organisation, waiting for a pass in progress to finish.
+    Returns the admitted job ids."""
     with transaction.atomic():
         _lock(organization_id)
-        ledger = ledger_for(organization_id)
-        quota = ledger.org_quota
-        policy = quota.policy if quota else QueuePolicy.FIFO
-        max_wait = quota.balanced_max_wait_seconds if quota else 600
-        chosen = plan(ledger, organization_id, policy, max_wait)
-        if quota and quota.preemption:
-            preemptions = plan_preemptions(ledger, organization_id, {job.pk for job in chosen})
-            for preemption in preemptions:
-                attempts_preempt(
-                    [held.job_id for held in preemption.victims],
-                    reason=preemption.reason(),
-                    for_job=preemption.job.pk,
-                )
-                chosen.append(preemption.job)
-        copy_insert(
-            Reservation,
-            (
-                Reservation(
-                    job=job,
-                    organization_id=organization_id,
-                    workspace_id=job.workspace_id,
-                    **job.requested,
-                )
-                for job in chosen
-            ),
+        return _admit_locked(organization_id)
+
+
+def admit_single_flight(organization_id: int) -> list[int]:
+    """What a trigger runs: at most one pass per organisation at a time, and none lost.
+
+    A trigger records its request, then tries the lock. If a pass holds it, the trigger returns
+    at once: that pass, once committed, sees a request newer than the one it served and goes
+    round again. A request is recorded (committed) before its lock attempt, and a pass looks
+    for new requests only after its commit released the lock, so either the trigger gets the
+    lock or the pass sees its request.
+    """
+    if connection.vendor != "postgresql":
+        return admit(organization_id)
+    requests = AdmissionRequests.objects.filter(organization_id=organization_id)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO quotas_admissionrequests (organization_id, requested, served) "
+            "VALUES (%s, 1, 0) ON CONFLICT (organization_id) "
+            "DO UPDATE SET requested = quotas_admissionrequests.requested + 1",
+            [organization_id],
         )
-        attempts_create(chosen)
+    admitted: list[int] = []
+    while True:
+        with transaction.atomic():
+            if not _lock(organization_id, wait=False):
+                return admitted  # the pass holding the lock serves this request
+            requested = requests.values_list("requested", flat=True).get()
+            admitted += _admit_locked(organization_id)
+            requests.update(served=requested)
+        if not requests.filter(requested__gt=F("served")).exists():
+            return admitted
+
+
+def _admit_locked(organization_id: int) -> list[int]:
+    from jobs.execution import attempts_create, attempts_preempt
+
+    ledger = ledger_for(organization_id)
+    quota = ledger.org_quota
+    policy = quota.policy if quota else QueuePolicy.FIFO
+    max_wait = quota.balanced_max_wait_seconds if quota else 600
+    chosen = plan(ledger, organization_id, policy, max_wait)
+    if quota and quota.preemption:
+        preemptions = plan_preemptions(ledger, organization_id, {job.pk for job in chosen})
+        for preemption in preemptions:
+            attempts_preempt(
+                [held.job_id for held in preemption.victims],
+                reason=preemption.reason(),
+                for_job=preemption.job.pk,
+            )
+            chosen.append(preemption.job)
+    copy_insert(
+        Reservation,
+        (
+            Reservation(
+                job=job,
+                organization_id=organization_id,
+                workspace_id=job.workspace_id,
+                **job.requested,
+            )
+            for job in chosen
+        ),
+    )
+    attempts_create(chosen)
     return [job.pk for job in chosen]
 
 
 def admit_all() -> dict[int, list[int]]:
-    """An admission pass for every organisation with queued jobs."""
+    """A single-flight admission pass for every organisation with queued jobs."""
     orgs = Job.objects.filter(state=JobState.QUEUED).values_list("organization_id", flat=True)
-    return {org: admit(org) for org in sorted(set(orgs))}
+    return {org: admit_single_flight(org) for org in sorted(set(orgs))}
 
 
 def explain(job: Job) -> dict[str, Any] | None:
