@@ -37,10 +37,10 @@ def test_200_submissions_against_a_quota_that_fits_10():
         finally:
             connection.close()
 
-    def admitter():
+    def admitter(admit):
         try:
             while not done.is_set():
-                scheduler.admit(world.org.pk)
+                admit(world.org.pk)
             scheduler.admit(world.org.pk)
         except Exception as exc:
             errors.append(exc)
@@ -48,7 +48,9 @@ def test_200_submissions_against_a_quota_that_fits_10():
             connection.close()
 
     submitters = [threading.Thread(target=submitter, args=(50,)) for _ in range(4)]
-    admitters = [threading.Thread(target=admitter) for _ in range(3)]
+    # two admitters wait for the lock; two take the single-flight path the task takes
+    kinds = [scheduler.admit, scheduler.admit_single_flight] * 2
+    admitters = [threading.Thread(target=admitter, args=(kind,)) for kind in kinds]
     for thread in admitters + submitters:
         thread.start()
     for thread in submitters:
