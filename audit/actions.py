@@ -29,6 +29,15 @@ ACTIONS: dict[str, str] = {
     "compute_target.delete": "A compute target was deleted",
     # quotas
     "quota.update": "Capacity or a workspace quota changed",
+    # webhooks and notifications
+    "webhook.create": "A webhook endpoint was created",
+    "webhook.update": "A webhook endpoint changed",
+    "webhook.delete": "A webhook endpoint was deleted",
+    "webhook.rotate_secret": "A webhook endpoint's signing secret was rotated",
+    "webhook.ping": "A test message was sent to a webhook endpoint",
+    "webhook.redeliver": "A webhook delivery was sent again on request",
+    "webhook.disable": "A failing webhook endpoint was disabled by the system",
+    "user.notification_preferences": "A user changed which emails they receive",
 }
 
 

@@ -150,6 +150,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "manta.jobs.sweep",
         "schedule": env.float("MANTA_SWEEP_INTERVAL_SECONDS", default=15.0),
     },
+    "webhooks-sweep": {
+        "task": "manta.notifications.sweep",
+        "schedule": env.float("WEBHOOK_SWEEP_INTERVAL_SECONDS", default=5.0),
+    },
 }
 
 # Running jobs (jobs/execution.py).
@@ -158,6 +162,35 @@ MANTA_FOLLOW_INTERVAL_SECONDS = env.float("MANTA_FOLLOW_INTERVAL_SECONDS", defau
 MANTA_HEARTBEAT_STALE_SECONDS = env.float("MANTA_HEARTBEAT_STALE_SECONDS", default=30.0)
 MANTA_LEASE_SECONDS = env.float("MANTA_LEASE_SECONDS", default=30.0)
 MANTA_CLUSTER_LOST_SECONDS = env.float("MANTA_CLUSTER_LOST_SECONDS", default=60.0)
+
+# Webhooks (notifications/). Deliveries may only reach public addresses unless a network is
+# listed here (e.g. "127.0.0.0/8" for a receiver on this host); plain http:// only if allowed.
+WEBHOOK_ALLOWED_NETWORKS = env.list("WEBHOOK_ALLOWED_NETWORKS", default=[])
+WEBHOOK_ALLOW_HTTP = env.bool("WEBHOOK_ALLOW_HTTP", default=False)
+WEBHOOK_TIMEOUT_SECONDS = env.float("WEBHOOK_TIMEOUT_SECONDS", default=15.0)
+# Delay before each attempt (the first is immediate); after the last, a delivery is exhausted.
+WEBHOOK_RETRY_SCHEDULE = [
+    float(s)
+    for s in env.list(
+        "WEBHOOK_RETRY_SCHEDULE", default=[0, 5, 300, 1800, 7200, 18000, 36000, 36000]
+    )
+]
+WEBHOOK_RETRY_JITTER = env.float("WEBHOOK_RETRY_JITTER", default=0.2)  # ± this fraction
+WEBHOOK_RETRY_AFTER_MAX_SECONDS = env.float("WEBHOOK_RETRY_AFTER_MAX_SECONDS", default=86400.0)
+# An endpoint whose every attempt failed for this long is disabled and its org admins emailed.
+WEBHOOK_DISABLE_AFTER_SECONDS = env.float("WEBHOOK_DISABLE_AFTER_SECONDS", default=5 * 86400.0)
+# How long a worker holds the deliveries it claimed; a dead worker's deliveries are retried after.
+WEBHOOK_LEASE_SECONDS = env.float("WEBHOOK_LEASE_SECONDS", default=60.0)
+WEBHOOK_ROTATION_GRACE_SECONDS = env.int("WEBHOOK_ROTATION_GRACE_SECONDS", default=86400)
+
+# Email notifications (approval requests, failed jobs, disabled webhooks): console by default.
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="manta@localhost")
 
 # The audit log's hash chain: which algorithm, and the session setting that lets a database
 # superuser purge it (tests flush their database between cases).

@@ -10,6 +10,7 @@ api_v1 = [
     path("", include("audit.api.urls")),
     path("", include("jobs.api.urls")),
     path("", include("quotas.api.urls")),
+    path("", include("notifications.api.urls")),
 ]
 
 urlpatterns = [

@@ -312,7 +312,7 @@ def transition_many(
             for job in locked
         ],
     )
-    DomainEvent.objects.bulk_create(
+    DomainEvent.objects.copy_insert(
         DomainEvent(
             type=event_type,
             organization=job.organization,

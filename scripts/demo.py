@@ -40,6 +40,9 @@ ENV = {
     "CELERY_BROKER_URL": "filesystem://",
     "MANTA_LOCAL_RAY_DIR": "/tmp/manta-demo-ray",
     "PYTHONUNBUFFERED": "1",
+    # the demo's webhook receiver listens on this host, over plain http
+    "WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8",
+    "WEBHOOK_ALLOW_HTTP": "true",
 }
 
 
@@ -117,7 +120,7 @@ def wait_ready(base: str, timeout: float = 60) -> None:
     raise SystemExit(f"the API did not become ready; see {VAR / 'api.log'}")
 
 
-def scenario(base: str, owner_token: str) -> None:
+def scenario(base: str, owner_token: str, receiver_url: str) -> None:
     owner = Api(base, owner_token, "owner")
 
     step("The owner creates an org admin and a developer")
@@ -140,6 +143,7 @@ def scenario(base: str, owner_token: str) -> None:
     body = {"slug": "ml-research", "name": "ML research", "description": "demo"}
     ws = admin.call("POST", "/api/v1/orgs/demo/workspaces/", body, expect=201)
     print("   ", brief(ws, ["slug", "name", "approval_policy", "compute_target"]))
+    hook = register_webhook(admin, receiver_url)
     body = {"email": "dev@demo.test", "role": "developer"}
     member = admin.call("POST", "/api/v1/orgs/demo/workspaces/ml-research/members/", body, 201)
     print("   ", brief(member, ["id", "email", "role"]))
@@ -155,6 +159,7 @@ def scenario(base: str, owner_token: str) -> None:
 
     job = jobs_flow(owner, admin, dev)
     show_result(dev, follow_job(dev, job["id"]))
+    show_webhooks(admin, hook)
 
     step("The audit trail (newest first)")
     events = owner.call("GET", "/api/v1/orgs/demo/audit-events/?page_size=20", expect=200)
@@ -166,6 +171,54 @@ def scenario(base: str, owner_token: str) -> None:
     step("Verify the audit hash chain")
     verdict = owner.call("GET", "/api/v1/orgs/demo/audit-events/verify/", expect=200)
     print("   ", json.dumps(verdict))
+
+
+HOOKS = "/api/v1/orgs/demo/workspaces/ml-research/webhooks/"
+RECEIVED = VAR / "webhooks-received.jsonl"
+
+
+def register_webhook(admin: Api, receiver_url: str) -> dict:
+    step("The admin registers a webhook endpoint: a small receiver on this host")
+    body = {"url": receiver_url, "event_types": ["*"], "description": "demo receiver"}
+    hook = admin.call("POST", HOOKS, body, expect=201)
+    print("   ", brief(hook, ["id", "url", "event_types", "enabled"]))
+    print(f"    signing secret (shown once): {hook['secret'][:12]}…")
+    # the receiver reads its secret from this file on every request, and verifies each message
+    (VAR / "webhook-secret").write_text(hook["secret"])
+    bad = admin.call("POST", HOOKS, {"url": "http://169.254.169.254/latest/"}, expect=400)
+    print("    a URL into the cloud metadata service is refused:", bad["errors"]["url"][0])
+    admin.call("POST", f"{HOOKS}{hook['id']}/ping/", expect=202)
+    return hook
+
+
+def show_webhooks(admin: Api, hook: dict) -> None:
+    step("The receiver got the workspace's events, each signed (Standard Webhooks) and verified")
+    deliveries: list = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the last events are a moment behind the job's end
+        deliveries = admin.call("GET", f"{HOOKS}{hook['id']}/deliveries/", show=False)["results"]
+        done = deliveries and all(d["state"] == "succeeded" for d in deliveries)
+        if done and any(d["event_type"] == "job.succeeded" for d in deliveries):
+            break
+        time.sleep(0.5)
+    received = [json.loads(line) for line in RECEIVED.read_text().splitlines()]
+    for entry in received:
+        body = json.loads(entry["body"])
+        job = body["data"].get("job", {})
+        what = f"job {job['id']} {job['state']}" if job else ""
+        mark = "verified" if entry["verified"] else "NOT VERIFIED"
+        stamp = body["timestamp"][11:23]
+        print(f"    {stamp} {body['type']:<24} {entry['id'][:20]}… {mark} {what}")
+    print(
+        f"    {len(received)} messages received, {sum(e['verified'] for e in received)} verified;",
+        f"{sum(d['state'] == 'succeeded' for d in deliveries)} deliveries recorded as succeeded",
+    )
+    if not received or not all(entry["verified"] for entry in received):
+        raise SystemExit("a webhook delivery was missing or did not verify")
+    step("Email notifications (console backend, in the worker's log)")
+    for line in (VAR / "worker.log").read_text(errors="replace").splitlines():
+        if line.startswith(("Subject: [Manta]", "To: ")):
+            print("   ", line)
 
 
 COUNTER_ENTRYPOINT = (
@@ -335,10 +388,17 @@ def main() -> None:
                 str(VAR / "beat-schedule"),
             ],
         )
+        receiver_port = free_port()
+        services.start(
+            "receiver",
+            [PY, "scripts/webhook_receiver.py", "--port", str(receiver_port),
+             "--secret-file", str(VAR / "webhook-secret"), "--log", str(RECEIVED)],
+        )  # fmt: skip
         wait_ready(base)
         print("    ready:", requests.get(base + "/readyz", timeout=5).json())
         print(f"    worker: celery (filesystem broker under {VAR / 'broker'}), logs in worker.log")
-        scenario(base, owner_token)
+        print(f"    webhook receiver: http://127.0.0.1:{receiver_port}/hooks (receiver.log)")
+        scenario(base, owner_token, f"http://127.0.0.1:{receiver_port}/hooks")
     finally:
         step("Stop everything the demo started")
         services.stop()

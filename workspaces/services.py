@@ -19,6 +19,7 @@ from audit import services as audit
 from audit.context import Actor
 from config import secrets as secrets_box
 from config.errors import Conflict, InvalidInput, clean_or_raise
+from notifications.services import event_emit
 
 from .models import (
     ApiToken,
@@ -251,6 +252,12 @@ def workspace_create(
         workspace=workspace,
         changes={"slug": [None, slug], "name": [None, workspace.name]},
     )
+    event_emit(
+        type="workspace.created",
+        organization=organization,
+        workspace=workspace,
+        payload={"name": workspace.name, "description": description, "actor": actor.label},
+    )
     return workspace
 
 
@@ -347,6 +354,12 @@ def member_add(*, actor: Actor, workspace: Workspace, email: str, role: str) -> 
         changes={"role": [None, role]},
         metadata={"user": user.email},
     )
+    event_emit(
+        type="member.added",
+        organization=workspace.organization,
+        workspace=workspace,
+        payload={"member": {"email": user.email, "role": role}, "actor": actor.label},
+    )
     return membership
 
 
@@ -392,6 +405,15 @@ def member_remove(*, actor: Actor, membership: WorkspaceMembership) -> None:
         workspace=membership.workspace,
         changes={"role": [membership.role, None]},
         metadata={"user": membership.user.email},
+    )
+    event_emit(
+        type="member.removed",
+        organization=membership.workspace.organization,
+        workspace=membership.workspace,
+        payload={
+            "member": {"email": membership.user.email, "role": membership.role},
+            "actor": actor.label,
+        },
     )
     membership.delete()
 

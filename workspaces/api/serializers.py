@@ -1,6 +1,8 @@
 from django.core.validators import RegexValidator
+from drf_spectacular.utils import OpenApiExample, extend_schema_serializer
 from rest_framework import serializers
 
+from notifications.emails import CATEGORIES as EMAIL_CATEGORIES
 from workspaces.models import (
     ApiToken,
     ApprovalPolicy,
@@ -81,7 +83,28 @@ class MeOutput(serializers.Serializer):
     email = serializers.EmailField()
     full_name = serializers.CharField()
     organizations = MeOrgOutput(many=True)
-    notification_preferences = serializers.DictField()
+    notification_preferences = serializers.DictField(
+        child=serializers.BooleanField(),
+        help_text="Email categories and whether you receive them: "
+        + ", ".join(f"{key} ({text})" for key, text in EMAIL_CATEGORIES.items()),
+    )
+
+
+@extend_schema_serializer(
+    examples=[
+        OpenApiExample(
+            "No failure emails",
+            value={"notification_preferences": {"job_failed": False}},
+            request_only=True,
+        )
+    ]
+)
+class MeUpdateInput(serializers.Serializer):
+    notification_preferences = serializers.DictField(
+        child=serializers.BooleanField(),
+        required=False,
+        help_text="Categories to turn on (true) or off (false): " + ", ".join(EMAIL_CATEGORIES),
+    )
 
 
 class OrgUserCreateInput(serializers.Serializer):

@@ -9,6 +9,8 @@ from rest_framework.views import APIView
 
 from audit.context import Actor
 from config.errors import InvalidCredentials
+from notifications import selectors as notification_selectors
+from notifications import services as notification_services
 from workspaces import roles, selectors, services
 from workspaces.models import (
     ApiToken,
@@ -97,18 +99,40 @@ class MeView(APIView):
 
     @extend_schema(operation_id="me_retrieve", responses=s.MeOutput)
     def get(self, request):
-        memberships = OrgMembership.objects.filter(user=request.user).select_related("organization")
+        return Response(self._render(request.user))
+
+    @extend_schema(
+        operation_id="me_update",
+        request=s.MeUpdateInput,
+        responses=s.MeOutput,
+        description="Turn email notification categories on or off (absent ones keep their "
+        "setting).",
+    )
+    def patch(self, request):
+        data = s.MeUpdateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        if "notification_preferences" in data.validated_data:
+            notification_services.notification_preferences_update(
+                actor=Actor.from_request(request),
+                user=request.user,
+                preferences=data.validated_data["notification_preferences"],
+            )
+            request.user.refresh_from_db()
+        return Response(self._render(request.user))
+
+    def _render(self, user) -> dict:
+        memberships = OrgMembership.objects.filter(user=user).select_related("organization")
         body = {
-            "id": request.user.pk,
-            "email": request.user.email,
-            "full_name": request.user.full_name,
+            "id": user.pk,
+            "email": user.email,
+            "full_name": user.full_name,
             "organizations": [
                 {"slug": m.organization.slug, "name": m.organization.name, "role": m.role}
                 for m in memberships.order_by("organization_id")
             ],
-            "notification_preferences": request.user.notification_preferences,
+            "notification_preferences": notification_selectors.notification_preferences_of(user),
         }
-        return Response(s.MeOutput(body).data)
+        return s.MeOutput(body).data
 
 
 class OrgListView(mixins.ListModelMixin, viewsets.GenericViewSet):

@@ -1,0 +1,26 @@
+from django.urls import path
+
+from .views import OrgWebhookViewSet, WorkspaceWebhookViewSet
+
+ORG = "orgs/<slug:org>/"
+WS = ORG + "workspaces/<slug:ws>/"
+
+
+def routes(prefix: str, viewset) -> list:
+    hook = prefix + "webhooks/<int:pk>/"
+    delivery = hook + "deliveries/<int:delivery_id>/"
+    return [
+        path(prefix + "webhooks/", viewset.as_view({"get": "list", "post": "create"})),
+        path(
+            hook,
+            viewset.as_view({"get": "retrieve", "patch": "partial_update", "delete": "destroy"}),
+        ),
+        path(hook + "rotate-secret/", viewset.as_view({"post": "rotate_secret"})),
+        path(hook + "ping/", viewset.as_view({"post": "ping"})),
+        path(hook + "deliveries/", viewset.as_view({"get": "deliveries"})),
+        path(delivery, viewset.as_view({"get": "delivery"})),
+        path(delivery + "redeliver/", viewset.as_view({"post": "redeliver"})),
+    ]
+
+
+urlpatterns = routes(WS, WorkspaceWebhookViewSet) + routes(ORG, OrgWebhookViewSet)

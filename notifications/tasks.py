@@ -1,0 +1,60 @@
+"""Celery entry points: thin, named, taking ids, safe to run twice (the rows are the truth)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.utils import timezone
+
+from . import delivery, dispatch, emails, selectors
+
+# A retry due within this many seconds is scheduled as a delayed task; later ones are found by
+# the sweep (so the broker never holds long countdowns).
+FOLLOW_UP_WITHIN = 60.0
+
+
+def send_many(task, calls: list[tuple]) -> None:
+    """Send many messages of one task over one producer (one broker connection)."""
+    from config.celery import app
+
+    with app.producer_or_acquire() as producer:
+        for args in calls:
+            task.apply_async(args, producer=producer)
+
+
+@shared_task(name="manta.notifications.dispatch")
+def dispatch_events() -> int:
+    """Fan undispatched events (and new audit events) out, then drain the endpoints that got
+    deliveries."""
+    touched = dispatch.events_dispatch() | dispatch.audit_dispatch()
+    send_many(deliver, [(pk,) for pk in sorted(touched)])
+    return len(touched)
+
+
+@shared_task(name="manta.notifications.deliver")
+def deliver(endpoint_id: int) -> None:
+    next_due = delivery.endpoint_deliver(endpoint_id)
+    if next_due is None:
+        return
+    wait = max(0.0, (next_due - timezone.now()).total_seconds())
+    if wait <= FOLLOW_UP_WITHIN:
+        deliver.apply_async((endpoint_id,), countdown=wait)
+
+
+@shared_task(name="manta.notifications.sweep")
+def sweep() -> int:
+    """The beat's safety net: events whose wake-up was lost, audit events (which wake nothing),
+    retries that came due, and deliveries whose worker died (expired lease)."""
+    touched = dispatch.events_dispatch() | dispatch.audit_dispatch()
+    due = sorted(touched | set(selectors.endpoints_due()))
+    send_many(deliver, [(pk,) for pk in due])
+    return len(due)
+
+
+@shared_task(name="manta.notifications.email_event")
+def email_event(event_id: str) -> int:
+    return emails.event_email_send(event_id)
+
+
+@shared_task(name="manta.notifications.email_endpoint_disabled")
+def email_endpoint_disabled(endpoint_id: int) -> int:
+    return emails.endpoint_disabled_email_send(endpoint_id)
