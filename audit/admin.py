@@ -1,12 +1,12 @@
 from django.contrib import admin
 
-from workspaces.admin import OrgScopedAdmin
+from workspaces.admin import ReadOnlyAdmin
 
 from .models import AuditEvent
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(OrgScopedAdmin):
+class AuditEventAdmin(ReadOnlyAdmin):
     """Read-only: the audit log is append-only everywhere, the panel included."""
 
     list_display = ["occurred_at", "action", "actor_label", "target_type", "target_repr",
@@ -15,12 +15,3 @@ class AuditEventAdmin(OrgScopedAdmin):
     search_fields = ["action", "actor_label", "target_repr", "request_id"]
     date_hierarchy = "occurred_at"
     list_select_related = ["workspace", "organization"]
-
-    def get_readonly_fields(self, request, obj=None):
-        return [field.name for field in self.model._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False

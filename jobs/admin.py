@@ -5,35 +5,15 @@ from django.contrib import admin, messages
 
 from audit.context import Actor
 from config.errors import DomainError
-from workspaces.admin import OrgScopedAdmin
+from workspaces.admin import ReadOnlyAdmin, ReadOnlyInline
 
 from . import services
 from .models import Job, JobEvent, JobTemplate, JobTemplateVersion
 
 
-class ReadOnlyAdmin(OrgScopedAdmin):
-    def get_readonly_fields(self, request, obj=None):
-        return [field.name for field in self.model._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-
-class VersionInline(admin.TabularInline):
+class VersionInline(ReadOnlyInline):
     model = JobTemplateVersion
-    extra = 0
     fields = ["version", "spec", "allowed_overrides", "created_by", "created_at"]
-    readonly_fields = fields
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_view_permission(self, request, obj=None):
-        return True  # the parent admin has already scoped the object to the user's orgs
 
 
 @admin.register(JobTemplate)
@@ -44,18 +24,9 @@ class JobTemplateAdmin(ReadOnlyAdmin):
     inlines = [VersionInline]
 
 
-class JobEventInline(admin.TabularInline):
+class JobEventInline(ReadOnlyInline):
     model = JobEvent
-    extra = 0
     fields = ["created_at", "kind", "from_state", "to_state", "actor_label", "reason"]
-    readonly_fields = fields
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_view_permission(self, request, obj=None):
-        return True  # the parent admin has already scoped the object to the user's orgs
 
 
 @admin.register(Job)

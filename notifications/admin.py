@@ -4,24 +4,13 @@ types) and audit them."""
 
 from django.contrib import admin
 
-from workspaces.admin import OrgScopedAdmin
+from workspaces.admin import ReadOnlyAdmin, ReadOnlyInline
 
 from .models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 
-class ReadOnly(OrgScopedAdmin):
-    def get_readonly_fields(self, request, obj=None):
-        return [field.name for field in self.model._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(ReadOnly):
+class WebhookEndpointAdmin(ReadOnlyAdmin):
     list_display = ["id", "url", "workspace", "enabled", "disabled_reason", "failing_since"]
     list_filter = ["enabled"]
     search_fields = ["url", "description"]
@@ -29,22 +18,13 @@ class WebhookEndpointAdmin(ReadOnly):
     exclude = ["audit_cursor"]
 
 
-class AttemptInline(admin.TabularInline):
+class AttemptInline(ReadOnlyInline):
     model = WebhookAttempt
-    extra = 0
     fields = ["started_at", "duration_ms", "status_code", "error", "response_excerpt"]
-    readonly_fields = fields
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_view_permission(self, request, obj=None):
-        return True  # the parent admin has already scoped the delivery to the user's orgs
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(ReadOnly):
+class WebhookDeliveryAdmin(ReadOnlyAdmin):
     org_field = "endpoint__organization_id"
     list_display = ["id", "event_type", "endpoint", "state", "attempt_count", "occurred_at",
                     "next_attempt_at"]  # fmt: skip

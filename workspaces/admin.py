@@ -86,6 +86,36 @@ class OrgScopedAdmin(admin.ModelAdmin):
         return True
 
 
+class ReadOnlyAdmin(OrgScopedAdmin):
+    """Shown, never changed from the panel: the API's services own these rows' writes."""
+
+    def get_readonly_fields(self, request, obj=None):
+        return [field.name for field in self.model._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class ReadOnlyInline(admin.TabularInline):
+    """Child rows listed under an object the parent admin has already scoped to the user's
+    orgs; ``fields`` are all read-only."""
+
+    extra = 0
+    can_delete = False
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_view_permission(self, request, obj=None):
+        return True
+
+
 @admin.register(Organization)
 class OrganizationAdmin(OrgScopedAdmin):
     org_field = "pk"
@@ -116,18 +146,9 @@ class OrganizationAdmin(OrgScopedAdmin):
             self.run_service(request, create)
 
 
-class WorkspaceMembershipInline(admin.TabularInline):
+class WorkspaceMembershipInline(ReadOnlyInline):
     model = WorkspaceMembership
-    extra = 0
     fields = ["user", "role", "created_at"]
-    readonly_fields = ["user", "role", "created_at"]
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_view_permission(self, request, obj=None):
-        return True  # the parent admin has already scoped the object to the user's orgs
 
 
 @admin.register(Workspace)
