@@ -237,3 +237,25 @@ class ComputeTarget(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.kind})"
+
+
+class IdempotencyRecord(models.Model):
+    """The outcome of a create request sent with an ``Idempotency-Key``: a retry with the same
+    key (same user, same path, same body) gets this response again instead of a second object.
+    The response is stored encrypted: it may carry a secret shown once (a webhook's)."""
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    path = models.CharField(max_length=500)
+    fingerprint = models.CharField(max_length=64)  # SHA-256 of the canonical request body
+    status_code = models.PositiveSmallIntegerField(null=True)
+    response_encrypted = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "key", "path"], name="uniq_idempotency_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} {self.path}"

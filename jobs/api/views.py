@@ -11,6 +11,7 @@ from jobs.launchers.base import LaunchError
 from jobs.models import Job, JobState, JobTemplate
 from jobs.spec import SPEC_FIELDS
 from workspaces import roles
+from workspaces.api.idempotency import IDEMPOTENCY_KEY, idempotent
 from workspaces.api.tenancy import WorkspaceViewSet
 
 from . import serializers as s
@@ -54,9 +55,11 @@ class TemplateViewSet(WorkspaceViewSet):
 
     @extend_schema(
         operation_id="templates_create",
+        parameters=[IDEMPOTENCY_KEY],
         request=s.TemplateCreateInput,
         responses={201: s.TemplateOutput},
     )
+    @idempotent
     def create(self, request, org=None, ws=None):
         data = s.TemplateCreateInput(data=request.data, context={"organization": self.organization})
         data.is_valid(raise_exception=True)

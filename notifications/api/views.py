@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from notifications import selectors, services
 from notifications.models import WebhookDelivery, WebhookEndpoint
 from workspaces import roles
+from workspaces.api.idempotency import IDEMPOTENCY_KEY, idempotent
 from workspaces.api.tenancy import TenantViewSet, WorkspaceViewSet
 
 from . import serializers as s
@@ -24,6 +25,7 @@ def webhook_schema(prefix: str, where: str):
         list=extend_schema(operation_id=f"{prefix}webhooks_list", summary=f"{where} endpoints"),
         create=extend_schema(
             operation_id=f"{prefix}webhook_create",
+            parameters=[IDEMPOTENCY_KEY],
             request=s.WebhookCreateInput,
             responses={201: s.WebhookCreatedOutput},
             description="The URL must be https:// and resolve to public addresses only; the "
@@ -90,6 +92,7 @@ class WebhookActions:
         page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(s.WebhookOutput(page, many=True).data)
 
+    @idempotent
     def create(self, request, **kwargs):
         data = s.WebhookCreateInput(data=request.data)
         data.is_valid(raise_exception=True)

@@ -22,6 +22,7 @@ from workspaces.models import (
 )
 
 from . import serializers as s
+from .idempotency import IDEMPOTENCY_KEY, idempotent
 from .tenancy import TenantViewSet, WorkspaceViewSet
 
 
@@ -200,9 +201,11 @@ class OrgUserViewSet(TenantViewSet):
 
     @extend_schema(
         operation_id="org_users_create",
+        parameters=[IDEMPOTENCY_KEY],
         request=s.OrgUserCreateInput,
         responses={201: s.OrgUserOutput},
     )
+    @idempotent
     def create(self, request, org=None):
         data = s.OrgUserCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -235,6 +238,7 @@ class WorkspaceListViewSet(TenantViewSet):
 
     @extend_schema(
         operation_id="workspaces_create",
+        parameters=[IDEMPOTENCY_KEY],
         request=s.WorkspaceCreateInput,
         responses={201: s.WorkspaceOutput},
         examples=[
@@ -245,6 +249,7 @@ class WorkspaceListViewSet(TenantViewSet):
             )
         ],
     )
+    @idempotent
     def create(self, request, org=None):
         data = s.WorkspaceCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -313,9 +318,11 @@ class MemberViewSet(WorkspaceViewSet):
 
     @extend_schema(
         operation_id="workspace_members_create",
+        parameters=[IDEMPOTENCY_KEY],
         request=s.MemberCreateInput,
         responses={201: s.MemberOutput},
     )
+    @idempotent
     def create(self, request, org=None, ws=None):
         data = s.MemberCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -372,6 +379,7 @@ class ComputeTargetViewSet(TenantViewSet):
 
     @extend_schema(
         operation_id="compute_targets_create",
+        parameters=[IDEMPOTENCY_KEY],
         request=s.ComputeTargetCreateInput,
         responses={201: s.ComputeTargetOutput},
         examples=[
@@ -386,6 +394,7 @@ class ComputeTargetViewSet(TenantViewSet):
             )
         ],
     )
+    @idempotent
     def create(self, request, org=None):
         data = s.ComputeTargetCreateInput(data=request.data)
         data.is_valid(raise_exception=True)

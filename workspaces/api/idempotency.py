@@ -1,0 +1,92 @@
+"""``Idempotency-Key`` on the POSTs that create: a client (a CI pipeline, an SDK retrying after
+a timeout) that sends the same key again gets the first response back, marked
+``Idempotent-Replayed: true``, and nothing is created twice.
+
+The record is inserted in the same transaction as the create, before it: a concurrent retry
+with the same key waits on the unique index until the first commits, then replays it; if the
+create fails, the record rolls back with it and the key may be used again. A key is per user
+and per path, and kept for ``IDEMPOTENCY_TTL``; the same key with a different body is a 409
+``idempotency_key_reused``. (Job submission has its own, in the job row: see jobs/services.py.)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import hashlib
+import json
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework import exceptions
+from rest_framework.response import Response
+
+from config import secrets
+from config.errors import Conflict
+
+from ..models import IdempotencyRecord
+
+IDEMPOTENCY_TTL = dt.timedelta(hours=24)
+HEADER = "Idempotency-Key"
+REPLAYED = "Idempotent-Replayed"
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    HEADER,
+    str,
+    OpenApiParameter.HEADER,
+    description="Send the same key again (within 24 h, with the same body) to get the first "
+    "response back, with `Idempotent-Replayed: true`, instead of creating a second object.",
+)
+
+
+class IdempotencyKeyReused(Conflict):
+    type = "idempotency_key_reused"
+
+
+def _fingerprint(data) -> str:
+    body = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def idempotent(create):
+    """Decorate a viewset's ``create``."""
+
+    @functools.wraps(create)
+    def wrapper(self, request, *args, **kwargs):
+        key = request.headers.get(HEADER)
+        if not key:
+            return create(self, request, *args, **kwargs)
+        if len(key) > 255:
+            raise exceptions.ValidationError({HEADER: ["at most 255 characters"]})
+        fingerprint = _fingerprint(request.data)
+        scope = {"user": request.user, "key": key, "path": request.path[:500]}
+        with transaction.atomic():
+            IdempotencyRecord.objects.filter(
+                **scope, created_at__lt=timezone.now() - IDEMPOTENCY_TTL
+            ).delete()
+            try:
+                with transaction.atomic():
+                    record = IdempotencyRecord.objects.create(**scope, fingerprint=fingerprint)
+            except IntegrityError:  # the first request with this key has committed
+                return _replay(IdempotencyRecord.objects.get(**scope), fingerprint)
+            response = create(self, request, *args, **kwargs)
+            if not 200 <= response.status_code < 300:
+                transaction.set_rollback(True)  # nothing was created: the key stays free
+                return response
+            record.status_code = response.status_code
+            record.response_encrypted = secrets.encrypt(json.dumps(response.data, default=str))
+            record.save(update_fields=["status_code", "response_encrypted"])
+        return response
+
+    return wrapper
+
+
+def _replay(record: IdempotencyRecord, fingerprint: str) -> Response:
+    if record.fingerprint != fingerprint:
+        raise IdempotencyKeyReused(
+            "this Idempotency-Key was used with a different request body",
+            errors={HEADER: ["already used with a different body; use a new key"]},
+        )
+    data = json.loads(secrets.decrypt(record.response_encrypted))
+    return Response(data, status=record.status_code, headers={REPLAYED: "true"})
