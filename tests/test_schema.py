@@ -78,3 +78,20 @@ def test_job_and_template_operations_document_bodies_with_examples(db):
             ]
             assert _examples(schema, operation), f"{operation['operationId']} has no example"
     assert checked >= 12
+
+
+def test_schema_generates_without_warnings(db, capsys):
+    """A warning means a component got a generated name (``Kind9ccEnum``) or an operation lost
+    its types: a client generator would produce unstable names."""
+    from django.core.management import call_command
+
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", "/dev/null")
+
+
+def test_every_webhook_event_type_is_a_component(db):
+    from notifications.events import EVENT_TYPES
+
+    names = set(load_schema()["components"]["schemas"])
+    for event_type in EVENT_TYPES:
+        component = "".join(part.capitalize() for part in re.split(r"[._]", event_type)) + "Event"
+        assert component in names, event_type

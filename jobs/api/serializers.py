@@ -3,6 +3,7 @@ from rest_framework import serializers
 
 from jobs import spec as job_spec
 from jobs.models import Job, JobAttempt, JobEvent, JobState, JobTemplate, JobTemplateVersion
+from workspaces.models import ComputeTargetKind
 
 COUNTER_SPEC = {
     "image": "rayproject/ray:2.60.0",
@@ -411,7 +412,7 @@ class LogsQuery(serializers.Serializer):
     ]
 )
 class LaunchPlanOutput(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=["local", "ray", "kuberay"])
+    kind = serializers.ChoiceField(choices=ComputeTargetKind.choices)
     cluster_name = serializers.CharField(allow_null=True, required=False)
     nodes = serializers.ListField(child=serializers.DictField(), required=False)
     submission = serializers.DictField(required=False)

@@ -7,6 +7,7 @@ from workspaces.models import (
     ApiToken,
     ApprovalPolicy,
     ComputeTarget,
+    ComputeTargetKind,
     Organization,
     OrgMembership,
     OrgRole,
@@ -264,7 +265,7 @@ def validate_target_config(kind: str, config) -> dict:
 
 class ComputeTargetCreateInput(serializers.Serializer):
     name = serializers.CharField(max_length=64, validators=[slug_validator])
-    kind = serializers.ChoiceField(choices=sorted(TARGET_CONFIGS))
+    kind = serializers.ChoiceField(choices=ComputeTargetKind.choices)
     config = serializers.DictField(required=False, default=dict)
 
     def validate(self, attrs):
