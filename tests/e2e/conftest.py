@@ -82,10 +82,11 @@ def ray_work_dir():
     assert not leftovers, f"Ray processes left running after the tests: {leftovers}"
 
 
-@pytest.fixture(scope="module")
-def worker(django_db_setup, django_db_blocker, ray_work_dir, tmp_path_factory):
-    var = tmp_path_factory.mktemp("worker-var")
-    broker = settings.CELERY_BROKER_URL  # the same Redis database this process sends tasks to
+def start_worker(tmp_path_factory, name: str, **extra_env: str) -> Worker:
+    """A real worker (with beat) on the test database and the broker this process sends to,
+    its Redis database emptied first; ``extra_env`` sets its Manta settings."""
+    var = tmp_path_factory.mktemp(name)
+    broker = settings.CELERY_BROKER_URL
     redis.Redis.from_url(broker).flushdb()
     db = settings.DATABASES["default"]
     env = {
@@ -93,17 +94,28 @@ def worker(django_db_setup, django_db_blocker, ray_work_dir, tmp_path_factory):
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "CELERY_BROKER_URL": broker,
-        "SECRET_KEY": settings.SECRET_KEY,  # the same key encrypts handles on both sides
+        # the same key on both sides: it encrypts launcher handles and webhook secrets
+        "SECRET_KEY": settings.SECRET_KEY,
         "MANTA_VAR_DIR": str(var),
-        "MANTA_LOCAL_RAY_DIR": ray_work_dir,
-        "MANTA_SWEEP_INTERVAL_SECONDS": "2",
-        "MANTA_HEARTBEAT_STALE_SECONDS": "6",
-        "MANTA_LEASE_SECONDS": "6",
-        "MANTA_FOLLOW_INTERVAL_SECONDS": "0.5",
         "PYTHONUNBUFFERED": "1",
+        **extra_env,
     }
     proc = Worker(env, var / "worker.log")
     proc.start()
+    return proc
+
+
+@pytest.fixture(scope="module")
+def worker(django_db_setup, django_db_blocker, ray_work_dir, tmp_path_factory):
+    proc = start_worker(
+        tmp_path_factory,
+        "worker-var",
+        MANTA_LOCAL_RAY_DIR=ray_work_dir,
+        MANTA_SWEEP_INTERVAL_SECONDS="2",
+        MANTA_HEARTBEAT_STALE_SECONDS="6",
+        MANTA_LEASE_SECONDS="6",
+        MANTA_FOLLOW_INTERVAL_SECONDS="0.5",
+    )
     yield proc
     proc.stop()
 

@@ -5,20 +5,17 @@ same ``webhook-id``."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import pytest
-import redis
-from django.conf import settings
 from django.db import connection, transaction
 
 from audit.context import Actor
 from notifications import services
 from notifications.models import WebhookAttempt, WebhookDelivery
 from tests.conftest import build_world
-from tests.e2e.conftest import Worker
+from tests.e2e.conftest import start_worker
 from tests.notifications.conftest import Receiver, verify
 
 pytestmark = [pytest.mark.e2e]
@@ -28,28 +25,17 @@ LEASE_SECONDS = 8
 
 @pytest.fixture(scope="module")
 def webhook_worker(django_db_setup, django_db_blocker, tmp_path_factory):
-    var = tmp_path_factory.mktemp("webhook-worker-var")
-    broker = settings.CELERY_BROKER_URL
-    redis.Redis.from_url(broker).flushdb()
-    db = settings.DATABASES["default"]
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "CELERY_BROKER_URL": broker,
-        "SECRET_KEY": settings.SECRET_KEY,  # the same key decrypts the signing secrets
-        "MANTA_VAR_DIR": str(var),
-        "WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8",
-        "WEBHOOK_ALLOW_HTTP": "true",
-        "WEBHOOK_LEASE_SECONDS": str(LEASE_SECONDS),
-        "WEBHOOK_TIMEOUT_SECONDS": "2",
-        "WEBHOOK_SWEEP_INTERVAL_SECONDS": "1",
-        "WEBHOOK_RETRY_SCHEDULE": "0,1,1,1",
-        "WEBHOOK_RETRY_JITTER": "0",
-        "PYTHONUNBUFFERED": "1",
-    }
-    proc = Worker(env, var / "worker.log")
-    proc.start()
+    proc = start_worker(
+        tmp_path_factory,
+        "webhook-worker-var",
+        WEBHOOK_ALLOWED_NETWORKS="127.0.0.0/8",
+        WEBHOOK_ALLOW_HTTP="true",
+        WEBHOOK_LEASE_SECONDS=str(LEASE_SECONDS),
+        WEBHOOK_TIMEOUT_SECONDS="2",
+        WEBHOOK_SWEEP_INTERVAL_SECONDS="1",
+        WEBHOOK_RETRY_SCHEDULE="0,1,1,1",
+        WEBHOOK_RETRY_JITTER="0",
+    )
     yield proc
     proc.stop()
 
