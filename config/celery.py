@@ -38,6 +38,13 @@ def _configure_broker(sender: Celery, **_: object) -> None:
 app.autodiscover_tasks()
 
 
+def send_many(task, calls: list[tuple]) -> None:
+    """Send many messages of one task over one producer (one broker connection)."""
+    with app.producer_or_acquire() as producer:
+        for args in calls:
+            task.apply_async(args, producer=producer)
+
+
 @app.task(name="manta.probe", ignore_result=True)
 def probe(key: str) -> None:
     """Record when a worker ran this (Unix time, in the broker's Redis under ``key``): how long

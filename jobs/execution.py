@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from audit.context import Actor
 from config import secrets
+from config.celery import send_many
 from config.db import copy_insert
 from workspaces.models import ComputeTarget, ComputeTargetKind
 from workspaces.services import compute_target_secrets
@@ -188,7 +189,7 @@ def attempts_preempt(job_ids: list[int], *, reason: str, for_job: int) -> list[i
     ids = [str(pk) for pk, _ in attempts.values()]
     from . import tasks
 
-    transaction.on_commit(lambda: tasks.send_many(tasks.evict_attempt, [(pk,) for pk in ids]))
+    transaction.on_commit(lambda: send_many(tasks.evict_attempt, [(pk,) for pk in ids]))
     return [job.pk for job in jobs]
 
 

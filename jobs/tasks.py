@@ -3,16 +3,9 @@
 from celery import shared_task
 from django.conf import settings
 
+from config.celery import send_many
+
 from . import execution
-
-
-def send_many(task, calls: list[tuple]) -> None:
-    """Send many messages of one task over one producer (one broker connection)."""
-    from config.celery import app
-
-    with app.producer_or_acquire() as producer:
-        for args in calls:
-            task.apply_async(args, producer=producer)
 
 
 @shared_task(name="manta.jobs.admit")

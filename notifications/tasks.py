@@ -5,20 +5,13 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
+from config.celery import send_many
+
 from . import delivery, dispatch, emails, selectors
 
 # A retry due within this many seconds is scheduled as a delayed task; later ones are found by
 # the sweep (so the broker never holds long countdowns).
 FOLLOW_UP_WITHIN = 60.0
-
-
-def send_many(task, calls: list[tuple]) -> None:
-    """Send many messages of one task over one producer (one broker connection)."""
-    from config.celery import app
-
-    with app.producer_or_acquire() as producer:
-        for args in calls:
-            task.apply_async(args, producer=producer)
 
 
 @shared_task(name="manta.notifications.dispatch")

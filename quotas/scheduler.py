@@ -132,17 +132,10 @@ class Ledger:
             and getattr(self.org, name) + job.requested[name] > getattr(self.org_quota, name) + 1e-9
         ]
 
-    def hold(self, job: Job) -> None:
-        self.org.add(job.requested)
-        self.ws[job.workspace_id].add(job.requested)
-
-    def hold_again(self, held: Held) -> None:
-        self.org.add(held.requested)
-        self.ws[held.workspace_id].add(held.requested)
-
-    def release(self, held: Held) -> None:
-        self.org.add(held.requested, -1)
-        self.ws[held.workspace_id].add(held.requested, -1)
+    def hold(self, job: Job | Held, sign: int = 1) -> None:
+        """Count what ``job`` holds (``sign=-1``: stop counting it)."""
+        self.org.add(job.requested, sign)
+        self.ws[job.workspace_id].add(job.requested, sign)
 
     def guarantee(self, workspace_id: int) -> dict[str, float]:
         quota = self.ws_quotas.get(workspace_id)
@@ -355,12 +348,12 @@ def _victims_for(ledger: Ledger, job: Job, candidates: list[Held]) -> list[Held]
         )
         if not useful:
             continue
-        ledger.release(held)
+        ledger.hold(held, -1)
         chosen.append(held)
         if not ledger.blocker(job):
             return chosen
     for held in chosen:
-        ledger.hold_again(held)
+        ledger.hold(held)
     return None
 
 
@@ -371,10 +364,13 @@ def plan_preemptions(ledger: Ledger, organization_id: int, admitted: set[int]) -
     next pass. Victims never come from a workspace within its guarantee, and a job that fits
     within its own guarantee can never be one, so two workspaces cannot preempt each other."""
     preemptions: list[Preemption] = []
+    if not any(ledger.borrowing(ws, name) for ws in list(ledger.ws) for name in RESOURCES):
+        return preemptions  # nobody holds more than their guarantee: there is nothing to take
     candidates: list[Held] | None = None
     for workspace_id, quota in ledger.ws_quotas.items():
-        if not any(quota.guaranteed().values()):
-            continue
+        guaranteed, usage = quota.guaranteed(), ledger.ws[workspace_id]
+        if not any(getattr(usage, name) < guaranteed[name] for name in RESOURCES):
+            continue  # at or above its guarantee: it has nothing to take back
         job = (
             _queued(organization_id)
             .filter(workspace_id=workspace_id)

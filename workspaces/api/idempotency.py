@@ -22,6 +22,7 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import exceptions
 from rest_framework.response import Response
 
+from audit.chain import canonical_json
 from config import secrets
 from config.errors import Conflict
 
@@ -45,8 +46,7 @@ class IdempotencyKeyReused(Conflict):
 
 
 def _fingerprint(data) -> str:
-    body = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(body.encode()).hexdigest()
+    return hashlib.sha256(canonical_json(data).encode()).hexdigest()
 
 
 def idempotent(create):
