@@ -6,7 +6,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum requirements.lock | cut -c1-12)
 
-.PHONY: install test demo lint format lock bench migrate serve worker clean
+.PHONY: install system-deps test demo lint format lock bench migrate serve worker clean
+
+# Debian packages the local target's sandbox uses (util-linux's unshare/nsenter/setpriv are on
+# every Debian; slirp4netns gives sandboxes outbound NAT). Installed when run as root with apt;
+# elsewhere the worker says at start-up what it lacks.
+SYSTEM_TOOLS := slirp4netns
 
 $(STAMP): requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,12 +22,20 @@ $(STAMP): requirements.lock
 
 install: $(STAMP)
 
-test: install
+system-deps:
+	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing$$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; }; \
+	fi
+
+test: install system-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-demo: install
+demo: install system-deps
 	$(BIN)/python scripts/demo.py
 
 lint: install
@@ -42,7 +55,7 @@ migrate: install
 serve: migrate
 	$(BIN)/python manage.py runserver 127.0.0.1:8000
 
-worker: install
+worker: install system-deps
 	$(BIN)/celery -A config worker -l info
 
 clean:

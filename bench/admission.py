@@ -118,7 +118,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--admit", type=int, default=10_000)
     args = parser.parse_args()
-    configure("manta_bench_admission", LOG_LEVEL="ERROR")
+    # The jobs never launch: the host's own capacity (a few CPUs) must not be what binds.
+    configure(
+        "manta_bench_admission",
+        LOG_LEVEL="ERROR",
+        MANTA_LOCAL_CAPACITY="cpu=1000000,memory_gb=1000000,gpu=1000000",
+    )
     import redis
 
     results = {}

@@ -8,7 +8,11 @@ worker with 1 CPU, token authentication on, every port picked free, on 127.0.0.1
 
     .venv/bin/python bench/launch.py [--runs 3]
 
-Prints the medians and the ratio Manta / by hand (goal ≤ 1.0).
+Manta runs twice per round, with the local target's sandbox (own uid, namespaces, cgroups,
+slirp4netns) and without it (``MANTA_LOCAL_ISOLATION=off``), each on a fresh worker.
+
+Prints the medians, the ratio Manta / by hand (goal ≤ 1.0) and the ratio sandbox / off (goal:
+the sandbox adds ≤ 10 % to approval → running).
 """
 
 from __future__ import annotations
@@ -184,25 +188,33 @@ def main() -> None:
         "worker_groups": [{"name": "w", "replicas": 1, "cpu": 1, "memory_gb": 1}],
     }
     setup = bench_workspace(spec)
-    worker = CeleryWorker(env, concurrency=2)
-    hand, manta = [], []
-    try:
-        for run in range(args.runs):
-            hand.append(by_hand())
-            manta.append(through_manta(setup))
-            print(
-                f"run {run + 1}: by hand {hand[-1]['total']:.2f}s "
-                f"(head {hand[-1]['head']:.2f}, worker {hand[-1]['worker']:.2f}, "
-                f"job {hand[-1]['job']:.2f}); Manta {manta[-1]['total']:.2f}s "
-                f"(cluster {manta[-1]['cluster']:.2f})"
+    hand: list[dict[str, float]] = []
+    manta: dict[str, list[dict[str, float]]] = {"sandbox": [], "off": []}
+    for run in range(args.runs):
+        hand.append(by_hand())
+        for mode, results in manta.items():
+            worker = CeleryWorker({**env, "MANTA_LOCAL_ISOLATION": mode}, concurrency=2)
+            try:
+                results.append(through_manta(setup))
+            finally:
+                worker.stop()
+        print(
+            f"run {run + 1}: by hand {hand[-1]['total']:.2f}s "
+            f"(head {hand[-1]['head']:.2f}, worker {hand[-1]['worker']:.2f}, "
+            f"job {hand[-1]['job']:.2f}); "
+            + "; ".join(
+                f"Manta {mode} {r[-1]['total']:.2f}s (cluster {r[-1]['cluster']:.2f})"
+                for mode, r in manta.items()
             )
-    finally:
-        worker.stop()
+        )
     by_hand_median = median([h["total"] for h in hand])
-    manta_median = median([m["total"] for m in manta])
+    medians = {mode: median([m["total"] for m in r]) for mode, r in manta.items()}
     print(f"by hand, median of {args.runs}: {by_hand_median:.2f} s")
-    print(f"Manta approval → running, median of {args.runs}: {manta_median:.2f} s")
-    print(f"ratio Manta / by hand: {manta_median / by_hand_median:.2f} (goal ≤ 1.0)")
+    for mode, value in medians.items():
+        print(f"Manta ({mode}) approval → running, median of {args.runs}: {value:.2f} s")
+    ratio = medians["sandbox"] / by_hand_median
+    print(f"ratio Manta (sandbox) / by hand: {ratio:.2f} (goal ≤ 1.0)")
+    print(f"ratio sandbox / off: {medians['sandbox'] / medians['off']:.2f} (goal ≤ 1.10)")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Documented in the README ("Configuration").
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("MANTA_VAR_DIR", default=str(BASE_DIR / "var")))
@@ -162,6 +163,26 @@ MANTA_FOLLOW_INTERVAL_SECONDS = env.float("MANTA_FOLLOW_INTERVAL_SECONDS", defau
 MANTA_HEARTBEAT_STALE_SECONDS = env.float("MANTA_HEARTBEAT_STALE_SECONDS", default=30.0)
 MANTA_LEASE_SECONDS = env.float("MANTA_LEASE_SECONDS", default=30.0)
 MANTA_CLUSTER_LOST_SECONDS = env.float("MANTA_CLUSTER_LOST_SECONDS", default=60.0)
+
+# The `local` target's isolation (jobs/launchers/sandbox.py) and capacity (jobs/local_host.py).
+# "sandbox": every cluster in its own uid, namespaces and cgroups (needs root, util-linux);
+# "off": single-user mode, nodes run as the worker's user and see the whole host.
+MANTA_LOCAL_ISOLATION = env.str("MANTA_LOCAL_ISOLATION", default="sandbox")
+if MANTA_LOCAL_ISOLATION not in ("sandbox", "off"):
+    raise ImproperlyConfigured("MANTA_LOCAL_ISOLATION must be 'sandbox' or 'off'")
+MANTA_LOCAL_UID_RANGE = env.str("MANTA_LOCAL_UID_RANGE", default="3000000-3099999")
+MANTA_LOCAL_EGRESS = env.bool("MANTA_LOCAL_EGRESS", default=True)  # pip etc. via slirp4netns
+# GPU inventory: "auto" (nvidia-smi), "" (none: GPUs are logical only), "4" or "0,1,2,3".
+MANTA_LOCAL_GPUS = env.str("MANTA_LOCAL_GPUS", default="auto")
+MANTA_LOCAL_PIDS_PER_NODE = env.int("MANTA_LOCAL_PIDS_PER_NODE", default=1024)
+MANTA_LOCAL_NODE_OVERHEAD_GB = env.float("MANTA_LOCAL_NODE_OVERHEAD_GB", default=1.0)
+MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB = env.float("MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB", default=2.0)
+MANTA_LOCAL_HIDE_PATHS = env.list("MANTA_LOCAL_HIDE_PATHS", default=[])
+# What admission may place on this host, over all organisations: e.g. "cpu=8,memory_gb=32,gpu=4";
+# a resource not named is this host's, less the reserve kept for the service itself.
+MANTA_LOCAL_CAPACITY = env.dict("MANTA_LOCAL_CAPACITY", default={})
+MANTA_LOCAL_RESERVE_CPU = env.float("MANTA_LOCAL_RESERVE_CPU", default=0.0)
+MANTA_LOCAL_RESERVE_MEMORY_GB = env.float("MANTA_LOCAL_RESERVE_MEMORY_GB", default=2.0)
 
 # Webhooks (notifications/). Deliveries may only reach public addresses unless a network is
 # listed here (e.g. "127.0.0.0/8" for a receiver on this host); plain http:// only if allowed.

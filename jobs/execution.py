@@ -82,7 +82,15 @@ def resolve_target(job: Job) -> ResolvedTarget:
 
 
 def local_defaults(config: dict[str, Any]) -> dict[str, Any]:
-    return {"work_dir": settings.MANTA_LOCAL_RAY_DIR, **config}
+    """A local target's config with the operator's settings; isolation is the operator's
+    alone, whatever a tenant's target config holds."""
+    from .local_host import sandbox_settings
+
+    return {
+        "work_dir": settings.MANTA_LOCAL_RAY_DIR,
+        **config,
+        "sandbox": sandbox_settings().to_config(),
+    }
 
 
 def cluster_name_for(job: Job, number: int) -> str:
@@ -93,10 +101,17 @@ def cluster_name_for(job: Job, number: int) -> str:
 
 def launch_request(attempt: JobAttempt, target: ResolvedTarget) -> LaunchRequest:
     job = attempt.job
+    # The job may want to know which run it is (e.g. to resume from a checkpoint on a retry).
+    runtime_env = dict(job.spec.get("runtime_env") or {})
+    runtime_env["env_vars"] = {
+        **(runtime_env.get("env_vars") or {}),
+        "MANTA_JOB_ID": str(job.pk),
+        "MANTA_ATTEMPT": str(attempt.number),
+    }
     return LaunchRequest(
         submission_id=attempt.submission_id,
         cluster_name=attempt.cluster_name,
-        spec=job.spec,
+        spec={**job.spec, "runtime_env": runtime_env},
         labels={
             "manta.dev/org": job.organization.slug,
             "manta.dev/workspace": job.workspace.slug,
@@ -313,6 +328,7 @@ def _start(attempt: JobAttempt, launcher, request: LaunchRequest, target) -> dic
     now = timezone.now()
     updated = JobAttempt.objects.filter(pk=attempt.pk, state__in=ATTEMPT_ACTIVE).update(
         handle_encrypted=secrets.encrypt_json(handle),
+        isolation=handle.get("isolation") or {"mode": f"{target.kind} target"},
         target_kind=target.kind,
         dashboard_url=handle.get("dashboard_url", ""),
         cluster_ready_at=now,
@@ -378,7 +394,7 @@ def attempt_follow(attempt_id: str, token: int) -> bool:
         heartbeat_at=now, ray_status=state.status, ray_message=state.message[:4000]
     )
     if state.status in RAY_TERMINAL:
-        attempt_settle(attempt_id, state)
+        attempt_settle(attempt_id, state, reason=state.reason)
         return False
     if state.status == RAY_RUNNING and job.state == JobState.LAUNCHING:
         JobAttempt.objects.filter(pk=attempt_id).update(state=AttemptState.RUNNING, running_at=now)

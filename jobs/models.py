@@ -182,6 +182,8 @@ class JobAttempt(models.Model):
     dashboard_url = models.CharField(max_length=200, blank=True)
     # The launcher's handle (addresses, process groups, cluster token), encrypted at rest.
     handle_encrypted = models.TextField(blank=True)
+    # What the cluster was confined to: for `local`, the sandbox's uid, namespaces and limits.
+    isolation = models.JSONField(default=dict, blank=True)
     submitted = models.BooleanField(default=False)
     ray_status = models.CharField(max_length=16, blank=True)
     ray_message = models.TextField(blank=True)

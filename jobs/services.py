@@ -18,6 +18,8 @@ from quotas.services import check_submission
 from workspaces.models import ApprovalPolicy, Workspace
 
 from . import spec as job_spec
+from .local_host import capacity as host_capacity
+from .local_host import targets_host
 from .models import Job, JobState, JobTemplate, JobTemplateVersion
 from .state import record_event, run_state_hooks, transition
 
@@ -227,6 +229,10 @@ def _fingerprint(template_id: int, name: str, overrides: dict[str, Any]) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+def host_capacity_for(workspace: Workspace) -> dict[str, float | None] | None:
+    return host_capacity() if targets_host(workspace) else None
+
+
 def job_submit(
     *,
     actor: Actor,
@@ -275,7 +281,7 @@ def _job_create(actor, workspace, template, name, overrides, idempotency_key, fi
     version = template.versions.get(version=template.latest_version)
     spec = resolve_spec(version, overrides, workspace.organization)
     requested = job_spec.requested_resources(spec)
-    check_submission(workspace, requested, spec)
+    check_submission(workspace, requested, spec, host_capacity_for(workspace))
     reason = approval_needed(workspace, spec, requested)
     job = Job.objects.create(
         organization=workspace.organization,

@@ -1,11 +1,33 @@
 """Celery entry points: thin, named, taking ids, safe to run twice."""
 
+import json
+import logging
+
 from celery import shared_task
+from celery.signals import worker_ready
 from django.conf import settings
 
 from config.celery import send_many
 
 from . import execution
+
+logger = logging.getLogger(__name__)
+
+
+@worker_ready.connect
+def report_isolation(**_kwargs) -> None:
+    """Say at start-up how the local target isolates tenant jobs here (or that it cannot)."""
+    from .local_host import isolation_report
+
+    report = isolation_report()
+    if report["mode"] == "sandbox" and not report["ready"]:
+        logger.error(
+            "local target: isolation is on but this host cannot isolate (%s); local jobs will "
+            "fail to launch until that is fixed or MANTA_LOCAL_ISOLATION=off is set",
+            "; ".join(report["problems"]),
+        )
+    else:
+        logger.info("local target isolation: %s", json.dumps(report))
 
 
 @shared_task(name="manta.jobs.admit")

@@ -84,6 +84,8 @@ class Reservation(models.Model):
     cpu = models.FloatField()
     memory_gb = models.FloatField()
     gpu = models.FloatField()
+    # The shared host the job runs on ("local"), whose capacity binds every organisation.
+    host = models.CharField(max_length=32, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     released_at = models.DateTimeField(null=True, blank=True)
 

@@ -21,6 +21,8 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from config.db import copy_insert
+from jobs.local_host import HOST, workspaces_on_host
+from jobs.local_host import capacity as host_capacity
 from jobs.models import Job, JobState
 
 from .models import (
@@ -34,6 +36,7 @@ from .models import (
 from .services import budget_exceeded, gpu_hours, month_start
 
 ADVISORY_NAMESPACE = 0x6D61  # "ma": keeps our lock ids apart from other users of pg locks
+HOST_LOCK = -1  # passes that may place jobs on the shared local host take it after their org's
 
 
 @dataclasses.dataclass
@@ -69,10 +72,28 @@ class Ledger:
     org: Usage
     ws: dict[int, Usage]
     gpu_hours_used: dict[int, float] = dataclasses.field(default_factory=dict)
+    # The shared local host: what every organisation holds on it, what it has, and which of
+    # this organisation's workspaces launch there.
+    host: Usage = dataclasses.field(default_factory=Usage)
+    host_capacity: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    on_host: set[int] = dataclasses.field(default_factory=set)
 
     def blocker(self, job: Job) -> str:
         """Why ``job`` does not fit now ('' when it does)."""
-        return self.workspace_blocker(job) or self.org_blocker(job)
+        return self.workspace_blocker(job) or self.org_blocker(job) or self.host_blocker(job)
+
+    def host_blocker(self, job: Job) -> str:
+        """What of the local host's capacity (shared by every organisation) stops it."""
+        if job.workspace_id not in self.on_host:
+            return ""
+        for name in RESOURCES:
+            capacity, need = self.host_capacity.get(name), job.requested[name]
+            if need and capacity is not None and getattr(self.host, name) + need > capacity + 1e-9:
+                return (
+                    f"this host's {name} capacity {capacity:g}: {getattr(self.host, name):g} "
+                    f"reserved by all organisations, this job needs {need:g}"
+                )
+        return ""
 
     def workspace_blocker(self, job: Job) -> str:
         """What of the job's own workspace stops it (limits, budget, max running): what no
@@ -136,6 +157,8 @@ class Ledger:
         """Count what ``job`` holds (``sign=-1``: stop counting it)."""
         self.org.add(job.requested, sign)
         self.ws[job.workspace_id].add(job.requested, sign)
+        if job.workspace_id in self.on_host:
+            self.host.add(job.requested, sign)
 
     def guarantee(self, workspace_id: int) -> dict[str, float]:
         quota = self.ws_quotas.get(workspace_id)
@@ -192,7 +215,17 @@ def ledger_for(organization_id: int) -> Ledger:
         ).select_related("workspace")
     }
     period = month_start()
+    on_host = workspaces_on_host(organization_id)
+    host = Usage()
+    if on_host:
+        totals = Reservation.objects.filter(host=HOST, released_at__isnull=True).aggregate(
+            cpu=Sum("cpu"), memory_gb=Sum("memory_gb"), gpu=Sum("gpu"), running=Count("id")
+        )
+        host = Usage(*(totals[name] or 0 for name in (*RESOURCES, "running")))
     return Ledger(
+        host=host,
+        host_capacity=host_capacity() if on_host else {},
+        on_host=on_host,
         org_quota=OrgQuota.objects.filter(organization_id=organization_id).first(),
         ws_quotas=ws_quotas,
         org=org,
@@ -447,6 +480,10 @@ def admit_single_flight(organization_id: int) -> list[int]:
 def _admit_locked(organization_id: int) -> list[int]:
     from jobs.execution import attempts_create, attempts_preempt
 
+    if connection.vendor == "postgresql" and workspaces_on_host(organization_id):
+        # The local host is shared by every organisation: one pass at a time reserves on it.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [ADVISORY_NAMESPACE, HOST_LOCK])
     ledger = ledger_for(organization_id)
     quota = ledger.org_quota
     policy = quota.policy if quota else QueuePolicy.FIFO
@@ -468,6 +505,7 @@ def _admit_locked(organization_id: int) -> list[int]:
                 job=job,
                 organization_id=organization_id,
                 workspace_id=job.workspace_id,
+                host=HOST if job.workspace_id in ledger.on_host else "",
                 **job.requested,
             )
             for job in chosen

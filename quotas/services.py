@@ -151,9 +151,16 @@ def budget_exceeded(
     )
 
 
-def check_submission(workspace, requested: dict[str, float], spec: dict[str, Any]) -> None:
-    """Refuse a job that can never run here, one the workspace's queue has no room for, or one
-    over the GPU budget when the workspace refuses those (otherwise it waits for next month)."""
+def check_submission(
+    workspace,
+    requested: dict[str, float],
+    spec: dict[str, Any],
+    host_capacity: dict[str, float | None] | None = None,
+) -> None:
+    """Refuse a job that can never run here (over its workspace's limit, its organisation's
+    capacity, or the capacity of the host it launches on), one the workspace's queue has no
+    room for, or one over the GPU budget when the workspace refuses those (otherwise it waits
+    for next month)."""
     org_q = OrgQuota.objects.filter(organization_id=workspace.organization_id).first()
     ws_q = WorkspaceQuota.objects.filter(workspace=workspace).first()
     for name in RESOURCES:
@@ -171,6 +178,13 @@ def check_submission(workspace, requested: dict[str, float], spec: dict[str, Any
                 f"requested.{name}",
                 f"this job needs {need:g} {name}; the organisation's capacity is "
                 f"{capacity:g}, so it could never run",
+            )
+        on_host = (host_capacity or {}).get(name)
+        if on_host is not None and need > on_host:
+            raise InvalidInput.on(
+                f"requested.{name}",
+                f"this job needs {need:g} {name}; the host its workspace launches on has "
+                f"{on_host:g}, so it could never run",
             )
     over = budget_exceeded(ws_q, workspace, requested["gpu"], spec["max_runtime_seconds"])
     if over and ws_q.budget_action == "refuse":

@@ -46,6 +46,26 @@ ENV = {
 }
 
 
+def choose_isolation() -> str:
+    """The sandbox where this host can build one (root, namespaces, cgroups); otherwise the
+    single-user mode, said out loud, so the demo runs on a laptop too."""
+    chosen = os.environ.get("MANTA_LOCAL_ISOLATION")
+    if not chosen:
+        sys.path.insert(0, str(ROOT))
+        from jobs.launchers.sandbox import SandboxSettings, host_support
+
+        problems = host_support(SandboxSettings())
+        chosen = "off" if problems else "sandbox"
+        if problems:
+            print("    this host cannot sandbox tenant jobs:", "; ".join(problems))
+    ENV["MANTA_LOCAL_ISOLATION"] = chosen
+    if chosen == "sandbox":
+        print("    isolation: sandbox (own uid, namespaces, cgroups for every cluster)")
+    else:
+        print("    isolation: off (single-user mode: jobs run as this user and see this host)")
+    return chosen
+
+
 def step(title: str) -> None:
     print(f"\n\033[1m== {title}\033[0m", flush=True)
 
@@ -322,6 +342,7 @@ def show_result(dev: Api, job: dict) -> None:
             f"    node {node['role']:<6} {node['group']:<8}",
             json.dumps({k: v for k, v in node.items() if k not in ("role", "group", "index")}),
         )
+    print("    isolation:    ", json.dumps(attempt["isolation"]))
     logs = dev.call("GET", f"{ws}/jobs/{job['id']}/logs/?tail=5", expect=200)
     print(f"    driver log ({logs['source']}, last lines):")
     for line in logs["logs"].splitlines():
@@ -349,6 +370,7 @@ def main() -> None:
     out = manage("create_org", "demo", "--owner", "owner@demo.test", "--password", PASSWORD)
     owner_token = out.strip().splitlines()[-1]
     print(f"    owner@demo.test token: {owner_token[:10]}…")
+    choose_isolation()
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"

@@ -15,3 +15,7 @@ from config.settings import DATABASES
 DATABASES["default"].setdefault("OPTIONS", {})["options"] = "-c manta.audit_maintenance=on"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast, tests only
 SECRET_KEY = "tests"
+
+# Most tests are about organisations' quotas, not this machine's size: the local host's own
+# capacity does not bind them (tests/quotas/test_host_capacity.py sets it where it matters).
+MANTA_LOCAL_CAPACITY = {"cpu": 1e6, "memory_gb": 1e6}

@@ -220,6 +220,7 @@ class AttemptOutput(serializers.ModelSerializer):
             "ray_message",
             "exit_code",
             "failure_reason",
+            "isolation",
             "created_at",
             "launch_started_at",
             "cluster_ready_at",

@@ -49,6 +49,9 @@ class RayJobState:
     status: str  # one of the RAY_* constants
     message: str = ""
     exit_code: int | None = None
+    # Why a terminal state happened when the launcher knows better than Ray, e.g. "oom_killed":
+    # the attempt's failure reason.
+    reason: str = ""
 
 
 class LaunchError(Exception):

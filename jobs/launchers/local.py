@@ -64,6 +64,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -75,7 +76,8 @@ from typing import TYPE_CHECKING, Any
 import requests
 
 from . import ray_jobs
-from .base import LaunchError, LaunchRequest, RayJobState
+from .base import RAY_FAILED, LaunchError, LaunchRequest, RayJobState
+from .sandbox import MODE_OFF, MODE_SANDBOX, Sandbox, SandboxSettings, host_support, sandbox_limits
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -136,6 +138,7 @@ _ENV_ALLOWLIST = (
 # How Ray reports a port someone else took between our check and its bind. `ray start` does not
 # exit on it: a GCS that cannot bind dies while `ray start` waits for it forever, and a dashboard
 # that cannot bind is skipped ("already occupied"), so we look for these in the node's logs.
+_RAY_STARTED = "Ray runtime started"
 _PORT_CONFLICT = re.compile(r"address already in use|already occupied|EADDRINUSE", re.IGNORECASE)
 
 # Popen objects of nodes this process started, so we can reap them; other processes reap
@@ -171,10 +174,12 @@ class LocalRayLauncher:
             resources = _node_resources(group, f"worker group {name!r}")
             for index in range(replicas):
                 nodes.append({"role": "worker", "group": name, "index": index, **resources})
+        settings = SandboxSettings.from_config((request.target_config or {}).get("sandbox"))
         return {
             "kind": KIND,
             "cluster_name": request.cluster_name,
             "nodes": nodes,
+            "isolation": _isolation_plan(settings, nodes, request.target_config or {}),
             "submission": {
                 "submission_id": request.submission_id,
                 "entrypoint": entrypoint,
@@ -193,15 +198,37 @@ class LocalRayLauncher:
             raise
 
     def status(self, handle: dict[str, Any]) -> RayJobState:
-        """What Ray says about the job. LaunchError when the dashboard cannot be reached."""
+        """What Ray says about the job, unless the sandbox knows better: a cluster the kernel
+        OOM-killed in has failed (reason ``oom_killed``). LaunchError when the dashboard
+        cannot be reached or the sandbox is gone."""
         _reap()
+        sandbox = _sandbox_of(handle)
+        if sandbox is not None:
+            if sandbox.oom_killed():
+                limit = sandbox.state.get("limits", {}).get("memory_bytes", 0)
+                return RayJobState(
+                    RAY_FAILED,
+                    f"the cluster exceeded its memory limit of {limit / GIB:.1f} GiB and the "
+                    "kernel killed a process in it",
+                    reason="oom_killed",
+                )
+            if not sandbox.init_alive():
+                raise LaunchError(f"the sandbox of cluster {handle.get('cluster_name')} is gone")
         return self._with_client(handle, lambda c: ray_jobs.job_state(c, handle["submission_id"]))
 
     def logs(self, handle: dict[str, Any], *, tail: int | None = None) -> str:
-        """The driver log from Ray (its last ``tail`` lines when given)."""
-        return self._with_client(
-            handle, lambda c: ray_jobs.job_logs(c, handle["submission_id"], tail=tail)
-        )
+        """The driver log from Ray (its last ``tail`` lines when given). When the dashboard
+        cannot answer (a cluster the kernel is OOM-killing, a dead head), the log file the
+        head wrote is read instead, while the cluster's dir exists."""
+        try:
+            return self._with_client(
+                handle, lambda c: ray_jobs.job_logs(c, handle["submission_id"], tail=tail)
+            )
+        except LaunchError:
+            text = _driver_log_file(handle)
+            if text is None:
+                raise
+            return ray_jobs.tail_lines(text, tail)
 
     def stop(self, handle: dict[str, Any]) -> None:
         """Kill every process of the cluster (worker nodes before the head) and delete its temp
@@ -224,6 +251,17 @@ class LocalRayLauncher:
         _reap()
         nodes = self.plan(request)["nodes"]
         config = request.target_config or {}
+        settings = SandboxSettings.from_config(config.get("sandbox"))
+        if settings.mode == MODE_SANDBOX:
+            problems = _host_support(settings)
+            if problems:
+                raise LaunchError(
+                    "this host cannot isolate tenant jobs: "
+                    + "; ".join(problems)
+                    + ". Fix that, or set MANTA_LOCAL_ISOLATION=off (single-user mode)."
+                )
+        elif settings.mode != MODE_OFF:
+            raise LaunchError(f"unknown isolation mode {settings.mode!r}")
         base_dir = config.get("work_dir") or tempfile.gettempdir()
         os.makedirs(base_dir, exist_ok=True)
         timeout = float(config.get("start_timeout_seconds") or DEFAULT_START_TIMEOUT)
@@ -236,7 +274,13 @@ class LocalRayLauncher:
         for attempt in range(1, START_ATTEMPTS + 1):
             try:
                 return _start_cluster_once(
-                    request, nodes, base_dir, timeout, grace, object_store and int(object_store)
+                    request,
+                    nodes,
+                    base_dir,
+                    timeout,
+                    grace,
+                    object_store and int(object_store),
+                    settings,
                 )
             except _PortConflict as exc:
                 logger.warning(
@@ -259,9 +303,8 @@ class LocalRayLauncher:
         for handle in discover_handles(base_dir):
             if handle.get("submission_id") != request.submission_id:
                 continue
-            running = {p.pid for p in _ClusterProcesses(handle).members()}
             nodes = handle.get("nodes") or []
-            if len(nodes) == expected_nodes and all(n["pid"] in running for n in nodes):
+            if len(nodes) == expected_nodes and _nodes_running(handle):
                 try:
                     _wait_for_nodes(handle, expected_nodes, time.monotonic() + timeout)
                 except LaunchError as exc:
@@ -309,6 +352,9 @@ class LocalRayLauncher:
     def is_alive(self, handle: dict[str, Any]) -> bool:
         """True while any process of the cluster runs or its dashboard still answers."""
         _reap()
+        sandbox = _sandbox_of(handle)
+        if sandbox is not None:
+            return sandbox.init_alive() or bool(sandbox.processes())
         if _ClusterProcesses(handle).members():
             return True
         try:
@@ -383,9 +429,11 @@ def _start_cluster_once(
     timeout: float,
     grace: float,
     object_store_bytes: int | None,
+    settings: SandboxSettings,
 ) -> dict[str, Any]:
     cluster_dir = tempfile.mkdtemp(prefix=CLUSTER_DIR_PREFIX, dir=base_dir)
     token = secrets.token_hex(32)
+    sandboxed = settings.mode == MODE_SANDBOX
     handle: dict[str, Any] = {
         "kind": KIND,
         "cluster_name": request.cluster_name,
@@ -395,45 +443,159 @@ def _start_cluster_once(
         "dashboard_url": "",
         "gcs_address": "",
         "stop_grace_seconds": grace,
+        "isolation": {"mode": settings.mode},
         "nodes": [],
     }
+    names = ["h", *(f"w{number}" for number in range(len(nodes) - 1))]
     try:
-        longest = os.path.join(cluster_dir, f"w{len(nodes)}")
+        # Nodes keep their Ray state in <cluster>/s, the only directory a sandbox may write.
+        node_root = os.path.join(cluster_dir, "s") if sandboxed else cluster_dir
+        longest = os.path.join(node_root, names[-1])
         if len(longest) + _SOCKET_SUFFIX_LEN > _MAX_UNIX_SOCKET_PATH:
             raise LaunchError(
                 f"work_dir {base_dir!r} is too long: Ray's unix socket paths under it would "
                 f"exceed {_MAX_UNIX_SOCKET_PATH} bytes"
             )
-        counts = [len(_HEAD_PORTS) if n["role"] == "head" else len(_WORKER_PORTS) for n in nodes]
-        free = iter(_pick_free_ports(sum(counts)))
-        env = _node_env(token, cluster_dir)
         started = time.monotonic()
         deadline = started + timeout
+        sandbox = None
+        if sandboxed:
+            # A node without a memory spec gets the default the sandbox's limit counts for
+            # it, so Ray never promises more than the cgroup allows.
+            nodes = [
+                {**node, "memory_bytes": node["memory_bytes"] or settings.default_node_memory_bytes}
+                for node in nodes
+            ]
+            stores = {
+                name: _object_store_bytes(node, object_store_bytes, settings)
+                for name, node in zip(names, nodes, strict=True)
+            }
+            sandbox = Sandbox.create(
+                settings=settings,
+                work_dir=base_dir,
+                cluster_dir=cluster_dir,
+                hostname=request.cluster_name,
+                nodes=[{**node, "name": name} for name, node in zip(names, nodes, strict=True)],
+                object_store_bytes=stores,
+                track=_track,
+            )
+            handle["sandbox"] = sandbox.to_json()
+            handle["isolation"] = sandbox.summary()
+            # Ray's ports live in the sandbox's own network namespace: nothing else binds
+            # there, so fixed numbers never collide; the host sees only the forwarded one.
+            port_sets = _sandbox_ports(len(nodes))
+            handle["dashboard_url"] = f"http://{LOOPBACK}:{sandbox.state['forward_port']}"
+            env = _node_env(token, None)
+        else:
+            counts = [len(_HEAD_PORTS)] + [len(_WORKER_PORTS)] * (len(nodes) - 1)
+            free = iter(_pick_free_ports(sum(counts)))
+            port_sets = [{name: next(free) for name in _HEAD_PORTS}] + [
+                {name: next(free) for name in _WORKER_PORTS} for _ in nodes[1:]
+            ]
+            handle["dashboard_url"] = f"http://{LOOPBACK}:{port_sets[0]['dashboard']}"
+            env = _node_env(token, cluster_dir)
+            stores = dict.fromkeys(names, object_store_bytes)
+        handle["gcs_address"] = f"{LOOPBACK}:{port_sets[0]['gcs']}"
+        _write_handle(handle)
 
-        head_ports = {name: next(free) for name in _HEAD_PORTS}
-        handle["dashboard_url"] = f"http://{LOOPBACK}:{head_ports['dashboard']}"
-        handle["gcs_address"] = f"{LOOPBACK}:{head_ports['gcs']}"
-        _start_node(handle, nodes[0], "h", head_ports, env, object_store_bytes)
-        _wait_for_gcs(handle, deadline)
-        logger.debug("%s: GCS up after %.1fs", request.cluster_name, time.monotonic() - started)
-
-        # Workers only need the GCS; starting them all now overlaps their start-up with the
-        # head's dashboard coming up.
-        for number, node in enumerate(nodes[1:]):
-            ports = {name: next(free) for name in _WORKER_PORTS}
-            _start_node(handle, node, f"w{number}", ports, env, object_store_bytes)
+        for number, (name, node, ports) in enumerate(zip(names, nodes, port_sets, strict=True)):
+            _start_node(handle, node, name, ports, env, stores[name], sandbox, node_root)
+            if number == 0:
+                _wait_for_gcs(handle, deadline)
+                logger.debug(
+                    "%s: GCS up after %.1fs", request.cluster_name, time.monotonic() - started
+                )
+            # Workers only need the GCS; starting them all now overlaps their start-up with
+            # the head's dashboard coming up.
         _wait_for_nodes(handle, len(nodes), deadline)
     except BaseException:
         _teardown(handle)
         raise
     logger.info(
-        "Local Ray cluster %s is up after %.1fs: %d nodes, dashboard %s",
+        "Local Ray cluster %s is up after %.1fs: %d nodes, dashboard %s, isolation %s",
         request.cluster_name,
         time.monotonic() - started,
         len(nodes),
         handle["dashboard_url"],
+        settings.mode,
     )
     return handle
+
+
+def _sandbox_ports(count: int) -> list[dict[str, int]]:
+    head = {"gcs": 6379, "dashboard": 8265, "client_server": 10001}
+    sets = []
+    for number in range(count):
+        names = _HEAD_PORTS if number == 0 else _WORKER_PORTS
+        ports = {name: head[name] for name in names if name in head}
+        free = (p for p in range(20000 + number * 20, 20020 + number * 20))
+        ports.update({name: next(free) for name in names if name not in ports})
+        sets.append(ports)
+    return sets
+
+
+def _object_store_bytes(
+    node: dict[str, Any], configured: int | None, settings: SandboxSettings
+) -> int:
+    """The node's plasma store: the target's setting, else 30% of its memory (Ray's own rule)."""
+    if configured:
+        return configured
+    memory = node["memory_bytes"] or settings.default_node_memory_bytes
+    return max(100 * 1024**2, int(memory * 0.3))
+
+
+def _isolation_plan(
+    settings: SandboxSettings, nodes: list[dict[str, Any]], config: dict[str, Any]
+) -> dict[str, Any]:
+    """What a launch would enforce, without starting anything."""
+    if settings.mode != MODE_SANDBOX:
+        return {"mode": settings.mode, "enforced": "nothing: single-user mode"}
+    from .sandbox import NAMESPACES, egress_available
+
+    names = ["h", *(f"w{number}" for number in range(len(nodes) - 1))]
+    named = [{**node, "name": name} for name, node in zip(names, nodes, strict=True)]
+    configured = config.get("object_store_memory_bytes")
+    stores = {
+        n["name"]: _object_store_bytes(n, configured and int(configured), settings) for n in named
+    }
+    return {
+        "mode": MODE_SANDBOX,
+        "uid_range": list(settings.uid_range),
+        "namespaces": list(NAMESPACES),
+        "network": "loopback + outbound NAT (slirp4netns, no host loopback)"
+        if egress_available(settings)
+        else "loopback only (no egress)",
+        "limits": sandbox_limits(settings, named, stores),
+        "gpu_inventory": list(settings.gpus),
+    }
+
+
+_support: dict[SandboxSettings, list[str]] = {}
+
+
+def _host_support(settings: SandboxSettings) -> list[str]:
+    if settings not in _support:
+        _support[settings] = host_support(settings)
+    return _support[settings]
+
+
+def _sandbox_of(handle: dict[str, Any] | None) -> Sandbox | None:
+    state = (handle or {}).get("sandbox")
+    return Sandbox(state) if state else None
+
+
+def _nodes_running(handle: dict[str, Any]) -> bool:
+    sandbox = _sandbox_of(handle)
+    nodes = handle.get("nodes") or []
+    if sandbox is not None:
+        return sandbox.init_alive() and all(_pid_running(n["pid"]) for n in nodes)
+    running = {p.pid for p in _ClusterProcesses(handle).members()}
+    return all(n["pid"] in running for n in nodes)
+
+
+def _track(process: subprocess.Popen[bytes]) -> None:
+    with _popens_lock:
+        _popens[process.pid] = process
 
 
 def _write_handle(handle: dict[str, Any]) -> None:
@@ -504,15 +666,23 @@ def _ephemeral_port_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def _node_env(token: str, cluster_dir: str) -> dict[str, str]:
+def _node_env(token: str, cluster_dir: str | None) -> dict[str, str]:
+    """A node's environment: a short allow-list of ours (never secrets) plus what Ray needs.
+    Without a sandbox (``cluster_dir`` given) temp files go to the cluster dir."""
     env = {k: v for k, v in os.environ.items() if k in _ENV_ALLOWLIST or k.startswith("LC_")}
-    # Ray's dashboard (multiprocessing) and the job itself leave temp files behind when killed;
-    # inside the cluster dir they go away with it.
-    env["TMPDIR"] = os.path.join(cluster_dir, "tmp")
-    os.mkdir(env["TMPDIR"])
-    # `python` in an entrypoint must be this interpreter, the one that has ray installed.
     bin_dir = os.path.dirname(sys.executable)
-    env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH") or os.defpath])
+    if cluster_dir is not None:
+        # Ray's dashboard (multiprocessing) and the job itself leave temp files behind when
+        # killed; inside the cluster dir they go away with it.
+        env["TMPDIR"] = os.path.join(cluster_dir, "tmp")
+        os.mkdir(env["TMPDIR"])
+        env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH") or os.defpath])
+    else:
+        # The sandbox sets HOME, USER and TMPDIR; the host's PATH may name hidden places.
+        for name in ("HOME", "USER", "LOGNAME", "SHELL", "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES"):
+            env.pop(name, None)
+        env["PATH"] = os.pathsep.join([bin_dir, "/usr/local/bin", "/usr/bin", "/bin"])
+    # `python` in an entrypoint must be this interpreter, the one that has ray installed.
     env["RAY_AUTH_MODE"] = "token"
     env["RAY_AUTH_TOKEN"] = token
     env["RAY_USAGE_STATS_ENABLED"] = "0"
@@ -533,9 +703,12 @@ def _start_node(
     ports: dict[str, int],
     env: dict[str, str],
     object_store_bytes: int | None,
+    sandbox: Sandbox | None,
+    node_root: str,
 ) -> None:
-    node_dir = os.path.join(handle["temp_dir"], name)
-    os.mkdir(node_dir)
+    node_dir = os.path.join(node_root, name)
+    if sandbox is None:
+        os.mkdir(node_dir)  # in a sandbox, Ray creates it as the sandbox's uid
     command = [
         *_ray_command(),
         "start",
@@ -565,6 +738,9 @@ def _start_node(
     if object_store_bytes:
         command.append(f"--object-store-memory={object_store_bytes}")
 
+    if sandbox is not None:
+        env = {**env, **sandbox.node_env(name)}
+        command = sandbox.node_command(name, command, cwd=node_root)
     log_path = os.path.join(handle["temp_dir"], f"{name}.log")
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
@@ -581,6 +757,7 @@ def _start_node(
     record = {k: v for k, v in node.items() if k in ("role", "group", "index")}
     record.update(
         name=name,
+        uid=sandbox.state["uid"] if sandbox is not None else None,
         pid=process.pid,
         pgid=process.pid,  # start_new_session: the node is its own process group leader
         temp_dir=node_dir,
@@ -595,11 +772,16 @@ def _wait_for_gcs(handle: dict[str, Any], deadline: float) -> None:
     host, port = handle["gcs_address"].rsplit(":", 1)
     while True:
         _check_nodes_running(handle)
-        try:
-            with socket.create_connection((host, int(port)), timeout=0.5):
+        if handle.get("sandbox"):
+            # The GCS listens in the sandbox's network only: `ray start` says when it is up.
+            if _RAY_STARTED in _read_end(handle["nodes"][0]["log"]):
                 return
-        except OSError:
-            pass
+        else:
+            try:
+                with socket.create_connection((host, int(port)), timeout=0.5):
+                    return
+            except OSError:
+                pass
         if time.monotonic() >= deadline:
             raise LaunchError(
                 f"The head's GCS did not answer on {handle['gcs_address']} in time\n"
@@ -652,14 +834,71 @@ def _check_nodes_running(handle: dict[str, Any]) -> None:
             )
 
 
-def _node_logs(node: dict[str, Any]) -> list[str]:
-    """The node's `ray start` output, then the .err files of the Ray processes it started."""
-    session = os.path.join(node["temp_dir"], "session_latest", "logs")
+def _node_logs(node: dict[str, Any]) -> list[tuple[str, str]]:
+    """(name, end of text) of the node's `ray start` output, then of the .err files of the Ray
+    processes it started."""
+    logs = [(os.path.basename(node["log"]), _read_end(node["log"]))]
+    with _session_logs(node) as fd:
+        if fd is not None:
+            for name in sorted(n for n in os.listdir(fd) if n.endswith(".err")):
+                logs.append((name, _read_session_file(node, fd, name) or ""))
+    return logs
+
+
+@contextlib.contextmanager
+def _session_logs(node: dict[str, Any]):
+    """A descriptor of the node's newest session log dir (None when there is none), reached
+    without following a single link: in a sandbox, every name below the cluster's ``s/`` is
+    the tenant's to change, and this process reads as root."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    parent, name = os.path.split(node["temp_dir"])
+    opened: list[int] = []
     try:
-        errs = sorted(os.path.join(session, n) for n in os.listdir(session) if n.endswith(".err"))
+        opened.append(os.open(parent, flags))  # the cluster's dir or its s/: made by us
+        opened.append(os.open(name, flags, dir_fd=opened[-1]))
+        sessions = sorted(n for n in os.listdir(opened[-1]) if n.startswith("session_2"))
+        if not sessions:
+            yield None
+            return
+        opened.append(os.open(sessions[-1], flags, dir_fd=opened[-1]))
+        opened.append(os.open("logs", flags, dir_fd=opened[-1]))
+        yield opened[-1]
     except OSError:
-        errs = []
-    return [node["log"], *errs]
+        yield None
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def _read_session_file(
+    node: dict[str, Any], logs_fd: int, name: str, limit: int | None = 32768
+) -> str | None:
+    """The end of a regular file in the node's session logs that the node's own user owns."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=logs_fd)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        owner = node.get("uid")
+        if not stat.S_ISREG(info.st_mode) or (owner is not None and info.st_uid != owner):
+            return None
+        if limit is not None:
+            f.seek(max(0, info.st_size - limit))
+        return f.read().decode(errors="replace")
+
+
+def _driver_log_file(handle: dict[str, Any]) -> str | None:
+    """The driver log the head node keeps on disk (None when there is none)."""
+    nodes = handle.get("nodes") or []
+    if not nodes:
+        return None
+    with _session_logs(nodes[0]) as fd:
+        if fd is None:
+            return None
+        name = f"job-driver-{handle.get('submission_id')}.log"
+        return _read_session_file(nodes[0], fd, name, limit=None)
 
 
 def _read_end(path: str, limit: int = 32768) -> str:
@@ -672,26 +911,26 @@ def _read_end(path: str, limit: int = 32768) -> str:
 
 
 def _port_conflict(node: dict[str, Any]) -> str | None:
-    for path in _node_logs(node):
-        for line in _read_end(path).splitlines():
+    for name, text in _node_logs(node):
+        for line in text.splitlines():
             match = _PORT_CONFLICT.search(line)
             if match:
                 # gRPC's lines are long nested dumps; keep the part that names the port.
                 excerpt = line[max(0, match.start() - 200) : match.end() + 20].strip()
-                return f"{os.path.basename(path)}: ...{excerpt}"
+                return f"{name}: ...{excerpt}"
     return None
 
 
 def _log_tail(node: dict[str, Any], lines: int = 40) -> str:
     """The end of the node's `ray start` output, plus any error logs of its Ray processes."""
-    paths = _node_logs(node)
-    parts = [ray_jobs.tail_lines(_read_end(paths[0]), lines)]
+    logs = _node_logs(node)
+    parts = [ray_jobs.tail_lines(logs[0][1], lines)]
     # A Ray subprocess that dies (e.g. the GCS failing to bind) writes why to its own .err
     # file, not to `ray start`'s output.
-    for path in paths[1:]:
-        text = ray_jobs.tail_lines(_read_end(path), 10).strip()[-1500:]
+    for name, text in logs[1:]:
+        text = ray_jobs.tail_lines(text, 10).strip()[-1500:]
         if text:
-            parts.append(f"--- {os.path.basename(path)} ---\n{text}\n")
+            parts.append(f"--- {name} ---\n{text}\n")
     return "".join(parts)[-12000:]
 
 
@@ -700,6 +939,10 @@ def _log_tail(node: dict[str, Any], lines: int = 40) -> str:
 
 def _teardown(handle: dict[str, Any]) -> None:
     _reap()
+    sandbox = _sandbox_of(handle)
+    if sandbox is not None:
+        _teardown_sandbox(handle, sandbox)
+        return
     nodes = handle.get("nodes") or []
     grace = float(handle.get("stop_grace_seconds") or DEFAULT_STOP_GRACE)
     # Worker nodes first, so they do not spend the grace period reconnecting to a dead head.
@@ -745,6 +988,24 @@ def _teardown(handle: dict[str, Any]) -> None:
         logger.debug(
             "Processes of %s are not reaped yet: %s", handle.get("cluster_name"), remaining
         )
+    temp_dir = handle.get("temp_dir")
+    if temp_dir:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _teardown_sandbox(handle: dict[str, Any], sandbox: Sandbox) -> None:
+    """Killing the sandbox's init ends its PID namespace and so every process in it; what
+    the cgroup still lists is killed too. Then the nodes' host-side parents exit; reap them."""
+    sandbox.destroy()
+    deadline = time.monotonic() + ZOMBIE_WAIT
+    pids = [n["pid"] for n in handle.get("nodes") or []]
+    pids += [sandbox.state.get("unshare_pid"), sandbox.state.get("slirp_pid")]
+    with _popens_lock:
+        ours = [p for pid in pids if pid and (p := _popens.get(pid)) is not None]
+    for process in ours:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    _reap()
     temp_dir = handle.get("temp_dir")
     if temp_dir:
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -35,20 +35,22 @@ COUNTER = py(
 )
 
 
-def marker_entrypoint(marker: str, *, sleep: float = 0, fail_first: bool = False) -> str:
-    """Appends a line to ``marker`` each time it starts (so a test can count real runs)."""
+def marker_entrypoint(*, sleep: float = 0, fail_first: bool = False) -> str:
+    """Prints a start line each time it starts (so a test can count real runs from the logs,
+    the only thing a sandboxed job leaves behind); with ``fail_first`` the first attempt fails."""
     code = (
-        f"import os, sys, time; p = {marker!r}; first = not os.path.exists(p); "
-        "open(p, 'a').write('start\\n'); print('started', flush=True); "
+        "import os, sys, time; first = os.environ['MANTA_ATTEMPT'] == '1'; "
+        "print('run started', flush=True); "
         f"time.sleep({sleep}); "
     )
     code += "sys.exit(7 if first else 0)" if fail_first else "print('done')"
     return py(code)
 
 
-def runs(marker: str) -> int:
-    with open(marker) as f:
-        return f.read().count("start")
+def runs(job_id: int) -> int:
+    """How many times the job's entrypoint started, over all its attempts' archived logs."""
+    logs = JobAttempt.objects.filter(job_id=job_id).values_list("log_archive", flat=True)
+    return sum(line == "run started" for log in logs for line in log.splitlines())
 
 
 @pytest.fixture
@@ -155,9 +157,8 @@ def test_deadline_stops_the_job(world, ray_work_dir):
     assert_cluster_gone(attempt, ray_work_dir)
 
 
-def test_retry_runs_a_second_attempt_on_a_fresh_cluster(world, ray_work_dir, tmp_path):
-    marker = str(tmp_path / "runs")
-    template = make_template(world, entrypoint=marker_entrypoint(marker, fail_first=True),
+def test_retry_runs_a_second_attempt_on_a_fresh_cluster(world, ray_work_dir):
+    template = make_template(world, entrypoint=marker_entrypoint(fail_first=True),
                              max_retries=1)  # fmt: skip
     job = wait_for(submit(world, template), TERMINAL)
     assert job.state == "succeeded", (job.failure_reason, job.message)
@@ -169,7 +170,7 @@ def test_retry_runs_a_second_attempt_on_a_fresh_cluster(world, ray_work_dir, tmp
         secrets.decrypt_json(first.handle_encrypted)["dashboard_url"]
         != secrets.decrypt_json(second.handle_encrypted)["dashboard_url"]
     )
-    assert runs(marker) == 2
+    assert runs(job.pk) == 2
     kinds = list(JobEvent.objects.filter(job=job).values_list("kind", flat=True))
     assert kinds.count("retry") == 1
     for attempt in (first, second):
@@ -192,9 +193,9 @@ def test_cancel_while_running_tears_the_cluster_down(world, ray_work_dir):
     assert Job.objects.get(pk=job_id).state == "cancelled"
 
 
-def test_two_clusters_side_by_side_one_cancelled(world, ray_work_dir, tmp_path):
+def test_two_clusters_side_by_side_one_cancelled(world, ray_work_dir):
     slow = make_template(world, entrypoint=py("import time; time.sleep(300)"))
-    ok = make_template(world, entrypoint=marker_entrypoint(str(tmp_path / "m"), sleep=12))
+    ok = make_template(world, entrypoint=marker_entrypoint(sleep=12))
     doomed, survivor = submit(world, slow), submit(world, ok)
     wait_for(doomed, {"running"})
     wait_for(survivor, {"running"})
@@ -207,9 +208,8 @@ def test_two_clusters_side_by_side_one_cancelled(world, ray_work_dir, tmp_path):
 
 
 @pytest.mark.parametrize("phase", ["launching", "running"])
-def test_worker_killed_mid_job_is_replaced(world, e2e, ray_work_dir, tmp_path, phase):
-    marker = str(tmp_path / "runs")
-    template = make_template(world, entrypoint=marker_entrypoint(marker, sleep=8))
+def test_worker_killed_mid_job_is_replaced(world, e2e, ray_work_dir, phase):
+    template = make_template(world, entrypoint=marker_entrypoint(sleep=8))
     job_id = submit(world, template)
     if phase == "launching":
         wait_for(job_id, {"launching"})
@@ -223,7 +223,7 @@ def test_worker_killed_mid_job_is_replaced(world, e2e, ray_work_dir, tmp_path, p
     attempts = list(JobAttempt.objects.filter(job=job))
     assert len(attempts) == 1
     # exactly one run of the entrypoint: one Ray submission for the attempt
-    assert runs(marker) == 1
+    assert runs(job.pk) == 1
     terminal = JobEvent.objects.filter(job=job, to_state__in=TERMINAL).count()
     assert terminal == 1
     assert_cluster_gone(attempts[0], ray_work_dir)

@@ -6,12 +6,12 @@ once the capacity is free."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 
 from audit.context import Actor
+from jobs.execution import job_logs
 from jobs.models import Job, JobAttempt, JobEvent
 from notifications.models import DomainEvent
 from quotas.models import Reservation
@@ -46,7 +46,7 @@ def gpu_template(client, ws: str, entrypoint: str, gpu: int) -> int:
     return response.json()["id"]
 
 
-def test_borrower_is_preempted_and_runs_again_later(world, ray_work_dir, tmp_path):  # noqa: F811
+def test_borrower_is_preempted_and_runs_again_later(world, ray_work_dir):  # noqa: F811
     admin = world.client("owner")
     ws_services.workspace_create(
         actor=Actor.for_user(world.users["owner"]), organization=world.org, slug="research"
@@ -59,19 +59,18 @@ def test_borrower_is_preempted_and_runs_again_later(world, ray_work_dir, tmp_pat
         response = admin.patch(f"{ORG}workspaces/{ws}/quota/", body, format="json")
         assert response.status_code == 200, response.content
 
-    marker = str(tmp_path / "borrower-runs")
     # the first run would take ten minutes; a second run (after preemption) ends at once
     borrower_code = (
-        f"import os, time; p = {marker!r}; first = not os.path.exists(p); "
-        "open(p, 'a').write('start\\n'); print('started', flush=True); "
-        "time.sleep(600 if first else 0); print('done')"
+        "import os, time; first = os.environ['MANTA_ATTEMPT'] == '1'; "
+        "print('run started', flush=True); time.sleep(600 if first else 0); print('done')"
     )
     borrowing = gpu_template(admin, "research", py(borrower_code), 2)
     response = admin.post(f"{ORG}workspaces/research/jobs/", {"template": borrowing}, format="json")
     assert response.status_code == 201, response.content
     borrower = response.json()["id"]
     wait_for(borrower, {"running"})
-    wait_until(lambda: os.path.exists(marker))  # its entrypoint really started on Ray
+    # its entrypoint really started on Ray
+    wait_until(lambda: "run started" in job_logs(Job.objects.get(pk=borrower))["logs"].splitlines())
     first = JobAttempt.objects.get(job_id=borrower, number=1)
 
     owner_job = submit(world, gpu_template(admin, "ml", py("print('owner ran')"), 2))
@@ -89,7 +88,7 @@ def test_borrower_is_preempted_and_runs_again_later(world, ray_work_dir, tmp_pat
     # once ml's job is done the borrower is admitted again, on a fresh cluster
     job = wait_for(borrower, TERMINAL, timeout=240)
     assert job.state == "succeeded", (job.failure_reason, job.message)
-    assert runs(marker) == 2
+    assert runs(borrower) == 2
     attempts = list(JobAttempt.objects.filter(job_id=borrower).order_by("number"))
     assert [a.state for a in attempts] == ["preempted", "succeeded"]
     assert attempts[0].cluster_name != attempts[1].cluster_name

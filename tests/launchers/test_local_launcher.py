@@ -68,7 +68,11 @@ def spec(entrypoint: str, worker_groups: list[dict[str, Any]] | None = None) -> 
 
 
 def request(
-    submission_id: str, job_spec: dict[str, Any], work_dir: str, cluster_name: str = ""
+    submission_id: str,
+    job_spec: dict[str, Any],
+    work_dir: str,
+    cluster_name: str = "",
+    isolation: str = "sandbox",
 ) -> LaunchRequest:
     return LaunchRequest(
         submission_id=submission_id,
@@ -76,7 +80,11 @@ def request(
         spec=job_spec,
         labels={"manta.dev/org": "acme", "manta.dev/job": submission_id},
         # Stopping is not what these tests time; a short SIGTERM grace keeps the file fast.
-        target_config={"work_dir": work_dir, "stop_grace_seconds": 1},
+        target_config={
+            "work_dir": work_dir,
+            "stop_grace_seconds": 1,
+            "sandbox": {"mode": isolation},
+        },
     )
 
 
@@ -160,10 +168,13 @@ def cluster_a(
 ) -> Iterator[tuple[dict[str, Any], LaunchRequest]]:
     """Head with 0 CPUs and one worker with 1 CPU, 2 (logical) GPUs and 1 "accel", running a
     job whose Ray actor counts to 5."""
-    script = Path(work_dir, "count.py")
-    script.write_text(ACTOR_SCRIPT)
+    # The code travels the way Ray ships a working_dir: zipped into the cluster's GCS through
+    # the dashboard. The cluster's sandbox cannot read the host's files.
+    code = Path(work_dir, "code")
+    code.mkdir()
+    (code / "count.py").write_text(ACTOR_SCRIPT)
     job_spec = spec(
-        f"python {script}",
+        "python count.py",
         [
             {
                 "name": "gpus",
@@ -175,6 +186,7 @@ def cluster_a(
             }
         ],
     )
+    job_spec["runtime_env"]["working_dir"] = str(code)
     req = request("a-1", job_spec, work_dir)
     handle = launcher.launch(req)
     yield handle, req
@@ -410,6 +422,7 @@ def test_a_port_taken_before_ray_binds_it_is_retried_with_fresh_ports(
 ) -> None:
     # Fault injection, not a mock: the first cluster really gets a GCS port that another
     # process (this test) listens on, exactly what losing the pick-then-bind race looks like.
+    # Only unsandboxed clusters share the host's ports (a sandbox has a network of its own).
     squatter = socket.socket()
     squatter.bind(("", 0))
     squatter.listen()
@@ -426,7 +439,7 @@ def test_a_port_taken_before_ray_binds_it_is_retried_with_fresh_ports(
 
     monkeypatch.setattr(local_launcher, "_pick_free_ports", pick_then_squat)
     before = {h["temp_dir"] for h in discover_handles(work_dir)}
-    req = request("retry-1", spec("echo retried", []), work_dir)
+    req = request("retry-1", spec("echo retried", []), work_dir, isolation="off")
     try:
         with caplog.at_level(logging.WARNING, logger="jobs.launchers.local"):
             handle = launcher.launch(req)

@@ -1,0 +1,768 @@
+"""A local cluster's sandbox, seen from the host: what it enforces, how it starts, how it ends.
+
+Every node of a sandboxed cluster runs
+
+* as the cluster's own unprivileged uid/gid, taken from ``uid_range`` and never shared by two
+  live clusters (so no cluster can read, signal or trace another's processes or files, nor the
+  service's);
+* in the cluster's PID, mount, IPC, UTS and network namespaces, whose first process is
+  ``sandbox_init.py`` (see there for the filesystem it builds). The network namespace has only
+  loopback, plus ``tap0`` when egress is on: ``slirp4netns --disable-host-loopback`` NATs
+  outbound traffic and refuses the host's 127.0.0.0/8. The worker reaches the dashboard through
+  one socket the init forwards, bound on the host's 127.0.0.1;
+* in cgroups (v2 where the host has it, v1 otherwise): one per cluster capping memory and the
+  number of processes, one per node capping CPU by CFS quota;
+* with only its own GPUs: physical devices from the host's inventory, disjoint between live
+  clusters, named in each node's ``CUDA_VISIBLE_DEVICES``; the other ``/dev/nvidiaN`` are
+  hidden.
+
+:meth:`Sandbox.destroy` SIGKILLs the init (which ends the PID namespace and so every process in
+it, detached ones included), kills what the cgroup still lists, and frees the uid, the GPUs and
+the cgroups. The host-side state is plain JSON (:meth:`Sandbox.to_json`) kept in the cluster's
+handle, so any worker process on the host can check or destroy a sandbox it did not start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import pwd
+import random
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .base import LaunchError
+
+logger = logging.getLogger(__name__)
+
+INIT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_init.py")
+NAMESPACES = ("pid", "mount", "ipc", "uts", "net")
+CFS_PERIOD_US = 100_000
+MIB = 1024**2
+GIB = 1024**3
+INIT_TIMEOUT = 20.0
+KILL_WAIT = 15.0
+DRAIN_WAIT = 5.0
+
+# Where hosts keep other users' files, sockets (PostgreSQL's, Docker's) and mounted secrets.
+ALWAYS_HIDDEN = ("/root", "/home", "/run", "/srv", "/mnt", "/media")
+
+MODE_SANDBOX = "sandbox"
+MODE_OFF = "off"
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxSettings:
+    """What the operator decided (never the tenant): read from ``target_config["sandbox"]``."""
+
+    mode: str = MODE_SANDBOX
+    uid_range: tuple[int, int] = (3_000_000, 3_099_999)
+    egress: bool = True
+    hide: tuple[str, ...] = ()  # host paths a sandbox must not see (the service's files)
+    gpus: tuple[str, ...] = ()  # the host's GPU inventory: device indices
+    pids_per_node: int = 1024  # threads count too: an idle Ray head runs about 400
+    node_memory_overhead_bytes: int = GIB  # Ray's own processes, per node, above its spec
+    default_node_memory_bytes: int = 2 * GIB  # for a node whose spec names no memory
+    cgroup_root: str = "/sys/fs/cgroup"
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any] | None) -> SandboxSettings:
+        raw = dict(config or {})
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in raw.items() if k in fields}
+        for name in ("uid_range", "hide", "gpus"):
+            if name in values:
+                values[name] = tuple(values[name])
+        return cls(**values)
+
+    def to_config(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# -- What this host can do ----------------------------------------------------------------------
+
+
+def host_support(settings: SandboxSettings) -> list[str]:
+    """Why this host cannot build sandboxes (empty when it can)."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("the worker does not run as root (needed for namespaces and cgroups)")
+    for tool in ("unshare", "nsenter", "setpriv"):
+        if shutil.which(tool) is None:
+            problems.append(f"{tool} (util-linux) is not installed")
+    if not problems:
+        probe = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount", "--ipc", "--uts", "--net", "true"],
+            capture_output=True,
+            timeout=10,
+        )
+        if probe.returncode != 0:
+            problems.append(f"cannot create namespaces: {probe.stderr.decode().strip()}")
+    try:
+        _CgroupLayout.detect(settings.cgroup_root)
+    except LaunchError as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def egress_available(settings: SandboxSettings) -> bool:
+    return (
+        settings.egress
+        and shutil.which("slirp4netns") is not None
+        and os.path.exists("/dev/net/tun")
+    )
+
+
+def detect_gpus() -> tuple[str, ...]:
+    """Indices of this host's NVIDIA GPUs (none without ``nvidia-smi``)."""
+    if shutil.which("nvidia-smi") is None:
+        return ()
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return tuple(line.strip() for line in out.splitlines() if line.strip())
+
+
+# -- cgroups ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _CgroupLayout:
+    version: int
+    # v1: controller name -> its hierarchy's mount; v2: {"": the unified mount}
+    mounts: dict[str, str]
+
+    @classmethod
+    def detect(cls, root: str) -> _CgroupLayout:
+        unified = os.path.join(root, "cgroup.controllers")
+        if os.path.exists(unified):
+            with open(unified) as f:
+                have = set(f.read().split())
+            missing = {"cpu", "memory", "pids"} - have
+            if missing:
+                raise LaunchError(f"cgroup v2 lacks the {sorted(missing)} controllers")
+            return cls(2, {"": root})
+        mounts = {}
+        for controller in ("cpu", "cpuacct", "memory", "pids"):
+            path = os.path.join(root, controller)
+            if not os.path.isdir(path) or not os.access(path, os.W_OK):
+                raise LaunchError(f"no writable cgroup v1 {controller} controller at {path}")
+            mounts[controller] = os.path.realpath(path)
+        return cls(1, mounts)
+
+
+class Cgroups:
+    """The cgroups of one cluster: ``manta/<id>`` caps memory and processes, and
+    ``manta/<id>/<node>`` caps each node's CPU. On v1 each controller is its own hierarchy
+    (cpu and cpuacct per node, memory and pids per cluster); on v2 processes live only in
+    leaves, so the init gets a leaf of its own."""
+
+    def __init__(self, state: dict[str, Any]):
+        self.state = state
+
+    @classmethod
+    def create(
+        cls, root: str, cluster_id: str, *, cpus: dict[str, float], memory_bytes: int, pids: int
+    ) -> Cgroups:
+        layout = _CgroupLayout.detect(root)
+        state: dict[str, Any] = {"version": layout.version, "dirs": [], "nodes": {}}
+        cg = cls(state)
+        try:
+            if layout.version == 2:
+                cg._create_v2(layout.mounts[""], cluster_id, cpus, memory_bytes, pids)
+            else:
+                cg._create_v1(layout.mounts, cluster_id, cpus, memory_bytes, pids)
+        except OSError as exc:
+            cg.remove()
+            raise LaunchError(f"cannot set up the cluster's cgroups: {exc}") from exc
+        return cg
+
+    def _mkdir(self, path: str) -> str:
+        os.makedirs(path, exist_ok=True)
+        self.state["dirs"].append(path)
+        return path
+
+    def _create_v1(self, mounts, cluster_id, cpus, memory_bytes, pids) -> None:
+        def cluster(controller: str) -> str:
+            parent = os.path.join(mounts[controller], "manta")
+            os.makedirs(parent, exist_ok=True)
+            return self._mkdir(os.path.join(parent, cluster_id))
+
+        memory, pid_group = cluster("memory"), cluster("pids")
+        cpu, cpuacct = cluster("cpu"), cluster("cpuacct")
+        _write(os.path.join(memory, "memory.limit_in_bytes"), memory_bytes)
+        with contextlib.suppress(OSError):  # only where the kernel accounts swap
+            _write(os.path.join(memory, "memory.memsw.limit_in_bytes"), memory_bytes)
+        _write(os.path.join(pid_group, "pids.max"), pids)
+        self.state.update(memory=memory, pids=pid_group, init_procs=[], procs_file="cgroup.procs")
+        common = [os.path.join(d, "cgroup.procs") for d in {memory, pid_group}]
+        self.state["init_procs"] = [
+            *common,
+            *(os.path.join(d, "cgroup.procs") for d in {cpu, cpuacct}),
+        ]
+        for node, count in cpus.items():
+            node_cpu = self._mkdir(os.path.join(cpu, node))
+            node_acct = self._mkdir(os.path.join(cpuacct, node)) if cpuacct != cpu else node_cpu
+            _write(os.path.join(node_cpu, "cpu.cfs_period_us"), CFS_PERIOD_US)
+            _write(os.path.join(node_cpu, "cpu.cfs_quota_us"), int(count * CFS_PERIOD_US))
+            procs = [*common, *(os.path.join(d, "cgroup.procs") for d in {node_cpu, node_acct})]
+            self.state["nodes"][node] = {
+                "procs": procs,
+                "usage": os.path.join(node_acct, "cpuacct.usage"),
+            }
+
+    def _create_v2(self, root, cluster_id, cpus, memory_bytes, pids) -> None:
+        parent = os.path.join(root, "manta")
+        os.makedirs(parent, exist_ok=True)
+        for d in (root, parent):
+            _write(os.path.join(d, "cgroup.subtree_control"), "+cpu +memory +pids")
+        group = self._mkdir(os.path.join(parent, cluster_id))
+        _write(os.path.join(group, "memory.max"), memory_bytes)
+        with contextlib.suppress(OSError):
+            _write(os.path.join(group, "memory.swap.max"), 0)
+        _write(os.path.join(group, "memory.oom.group"), 1)  # one OOM kill ends the cluster
+        _write(os.path.join(group, "pids.max"), pids)
+        _write(os.path.join(group, "cgroup.subtree_control"), "+cpu +memory +pids")
+        init = self._mkdir(os.path.join(group, "init"))
+        self.state.update(memory=group, pids=group, init_procs=[os.path.join(init, "cgroup.procs")])
+        for node, count in cpus.items():
+            leaf = self._mkdir(os.path.join(group, f"node-{node}"))
+            _write(os.path.join(leaf, "cpu.max"), f"{int(count * CFS_PERIOD_US)} {CFS_PERIOD_US}")
+            self.state["nodes"][node] = {
+                "procs": [os.path.join(leaf, "cgroup.procs")],
+                "usage": os.path.join(leaf, "cpu.stat"),
+            }
+
+    def init_procs(self) -> list[str]:
+        return list(self.state["init_procs"])
+
+    def node_procs(self, node: str) -> list[str]:
+        return list(self.state["nodes"][node]["procs"])
+
+    def pids(self) -> set[int]:
+        """Every process of the cluster (v2: of every leaf under it)."""
+        found: set[int] = set()
+        top = self.state.get("pids")
+        if not top:
+            return found
+        for dirpath, _dirs, files in os.walk(top):
+            if "cgroup.procs" in files:
+                with contextlib.suppress(OSError), open(os.path.join(dirpath, "cgroup.procs")) as f:
+                    found.update(int(line) for line in f if line.strip())
+        return found
+
+    def oom_kills(self) -> int:
+        """How many processes the kernel killed for exceeding the cluster's memory."""
+        memory = self.state.get("memory")
+        if not memory:
+            return 0
+        name = "memory.events" if self.state["version"] == 2 else "memory.oom_control"
+        try:
+            with open(os.path.join(memory, name)) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except OSError:
+            pass
+        return 0
+
+    def cpu_seconds(self, node: str) -> float:
+        """CPU time the node's processes have used."""
+        path = self.state["nodes"][node]["usage"]
+        with open(path) as f:
+            text = f.read()
+        if self.state["version"] == 2:
+            usage = dict(line.split() for line in text.splitlines())
+            return int(usage["usage_usec"]) / 1e6
+        return int(text) / 1e9
+
+    def kill(self) -> None:
+        if self.state["version"] == 2 and self.state.get("pids"):
+            with contextlib.suppress(OSError):
+                _write(os.path.join(self.state["pids"], "cgroup.kill"), 1)
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+    def remove(self) -> None:
+        for path in reversed(self.state.get("dirs", [])):
+            for _ in range(50):
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)  # its last processes are still exiting
+
+
+def _procs(group: str) -> str:
+    return os.path.join(group, "cgroup.procs")
+
+
+def _write(path: str, value: Any) -> None:
+    with open(path, "w") as f:
+        f.write(str(value))
+
+
+# -- uids and GPUs: leases on files under the work dir --------------------------------------------
+
+
+class _Leases:
+    """Exclusive, cross-process leases (``uid-3000123``, ``gpu-2``) as files under
+    ``<work_dir>/.sandbox``, taken under one flock so a multi-GPU grant is all or nothing."""
+
+    def __init__(self, work_dir: str):
+        self.dir = os.path.join(work_dir, ".sandbox")
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        fd = os.open(os.path.join(self.dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def held(self, kind: str) -> set[str]:
+        return {n.split("-", 1)[1] for n in os.listdir(self.dir) if n.startswith(f"{kind}-")}
+
+    def take(self, kind: str, key: str, owner: str) -> bool:
+        try:
+            fd = os.open(
+                os.path.join(self.dir, f"{kind}-{key}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
+            )
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(owner)
+        return True
+
+    def release(self, kind: str, key: str, owner: str) -> None:
+        path = os.path.join(self.dir, f"{kind}-{key}")
+        with contextlib.suppress(OSError):
+            with open(path) as f:
+                if f.read() != owner:
+                    return
+            os.unlink(path)
+
+
+def _take_uid(leases: _Leases, settings: SandboxSettings, owner: str) -> int:
+    low, high = settings.uid_range
+    for _ in range(1000):
+        uid = random.randint(low, high)
+        if uid == os.getuid() or _uid_exists(uid):
+            continue
+        if leases.take("uid", str(uid), owner):
+            return uid
+    raise LaunchError(f"no free sandbox uid in {low}-{high}")
+
+
+def _uid_exists(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
+
+
+def _take_gpus(leases: _Leases, inventory: tuple[str, ...], count: int, owner: str) -> list[str]:
+    if count == 0 or not inventory:
+        return []
+    with leases.locked():
+        free = [g for g in inventory if g not in leases.held("gpu")]
+        if len(free) < count:
+            raise LaunchError(
+                f"the host's GPUs are busy: {count} needed, {len(free)} of {len(inventory)} free"
+            )
+        chosen = free[:count]
+        for gpu in chosen:
+            leases.take("gpu", gpu, owner)
+    return chosen
+
+
+# -- the sandbox --------------------------------------------------------------------------------
+
+
+def sandbox_limits(
+    settings: SandboxSettings, nodes: list[dict[str, Any]], object_store_bytes: dict[str, int]
+) -> dict[str, Any]:
+    """The cgroup limits a cluster of ``nodes`` gets: CPU per node (its spec, at least one CPU
+    for Ray's own processes), memory for the whole cluster (each node's spec, its object store
+    and Ray's overhead), and a process (thread) cap."""
+    return {
+        "cpu": {n["name"]: max(float(n["num_cpus"]), 1.0) for n in nodes},
+        "memory_bytes": sum(
+            (n["memory_bytes"] or settings.default_node_memory_bytes)
+            + object_store_bytes[n["name"]]
+            + settings.node_memory_overhead_bytes
+            for n in nodes
+        ),
+        "pids": settings.pids_per_node * len(nodes),
+        "shm_bytes": sum(object_store_bytes.values()) + 64 * MIB,
+    }
+
+
+class Sandbox:
+    """One cluster's sandbox. Build it with :meth:`create`, start nodes in it with
+    :meth:`node_command`, and end it with :meth:`destroy`."""
+
+    def __init__(self, state: dict[str, Any]):
+        self.state = state
+        self.cgroups = Cgroups(state.get("cgroups") or {"dirs": [], "nodes": {}, "version": 1})
+
+    def to_json(self) -> dict[str, Any]:
+        return self.state
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        settings: SandboxSettings,
+        work_dir: str,
+        cluster_dir: str,
+        hostname: str,
+        nodes: list[dict[str, Any]],
+        object_store_bytes: dict[str, int],
+        track: Callable[[subprocess.Popen[bytes]], None],
+    ) -> Sandbox:
+        """Allocate a uid, GPUs and cgroups for ``nodes`` (each with ``name``, ``num_cpus``,
+        ``num_gpus``, ``memory_bytes``), start the init and, with egress, slirp4netns. The
+        cluster's writable dir is ``<cluster_dir>/s``, owned by the sandbox uid."""
+        owner = os.path.basename(cluster_dir)
+        leases = _Leases(work_dir)
+        state: dict[str, Any] = {
+            "work_dir": work_dir,
+            "owner": owner,
+            "gpus": {},
+            "gpu_inventory": list(settings.gpus),
+        }
+        sandbox = cls(state)
+        try:
+            uid = _take_uid(leases, settings, owner)
+            state.update(uid=uid, gid=uid)
+            for node in nodes:
+                state["gpus"][node["name"]] = _take_gpus(
+                    leases, settings.gpus, node["num_gpus"], owner
+                )
+            writable = os.path.join(cluster_dir, "s")
+            os.mkdir(writable, 0o700)
+            os.chown(writable, uid, uid)
+            state["writable_dir"] = writable
+            limits = sandbox_limits(settings, nodes, object_store_bytes)
+            sandbox.cgroups = Cgroups.create(
+                settings.cgroup_root,
+                f"{owner}-{secrets.token_hex(3)}",
+                cpus=limits["cpu"],
+                memory_bytes=limits["memory_bytes"],
+                pids=limits["pids"],
+            )
+            state["cgroups"] = sandbox.cgroups.state
+            state["limits"] = limits
+            sandbox._start_init(settings, cluster_dir, hostname, track)
+            sandbox._start_egress(settings, track)
+        except BaseException:
+            sandbox.destroy()
+            raise
+        return sandbox
+
+    def _start_init(
+        self, settings: SandboxSettings, cluster_dir: str, hostname: str, track: Callable
+    ) -> None:
+        state = self.state
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        state["forward_port"] = listener.getsockname()[1]
+        state["dashboard_port"] = 8265
+        ready_r, ready_w = os.pipe()
+        exit_r, exit_w = os.pipe()  # slirp4netns exits when the init (holding exit_w) is gone
+        resolv = os.path.join(cluster_dir, "resolv.conf")
+        with open(resolv, "w") as f:
+            f.write("nameserver 10.0.2.3\n")  # slirp4netns's DNS forwarder
+        hide_devices = [
+            f"/dev/nvidia{g}"
+            for g in settings.gpus
+            if g not in {x for gs in state["gpus"].values() for x in gs}
+        ]
+        config = {
+            "cgroup_procs": self.cgroups.init_procs(),
+            "uid": state["uid"],
+            "gid": state["gid"],
+            "hostname": hostname[:63],
+            "ready_fd": ready_w,
+            "listen_fd": listener.fileno(),
+            "forward_port": state["dashboard_port"],
+            "hide": [
+                "/root",
+                "/home",
+                "/run",
+                "/srv",
+                "/mnt",
+                "/media",
+                *settings.hide,
+                state["work_dir"],
+            ],
+            "scratch": {
+                "/tmp": 4 * GIB,
+                "/var/tmp": 4 * GIB,
+                "/dev/shm": state["limits"]["shm_bytes"],
+            },
+            "expose_ro": sorted({sys.prefix, sys.base_prefix} - {"/"}),
+            "expose_rw": [state["writable_dir"]],
+            "bind_files": {resolv: "/etc/resolv.conf"} if egress_available(settings) else {},
+            "hide_devices": hide_devices,
+        }
+        command = [
+            "unshare",
+            *(f"--{ns}" for ns in NAMESPACES),
+            "--fork",
+            "--kill-child",
+            "--propagation",
+            "private",
+            sys.executable,
+            "-I",
+            "-S",
+            INIT_SCRIPT,
+            "init",
+            "-",  # the config comes on stdin: a tenant can read its PID 1's command line
+        ]
+        log_path = os.path.join(cluster_dir, "sandbox.log")
+        try:
+            with open(log_path, "ab") as log:
+                process = subprocess.Popen(
+                    command,
+                    stdin=subprocess.PIPE,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={"PATH": os.defpath, "LANG": "C.UTF-8"},
+                    pass_fds=(ready_w, listener.fileno(), exit_w),
+                    start_new_session=True,
+                )
+        finally:
+            os.close(ready_w)
+            os.close(exit_w)
+            listener.close()
+        track(process)
+        with contextlib.suppress(BrokenPipeError):
+            process.stdin.write(json.dumps(config).encode())
+            process.stdin.close()
+        state["unshare_pid"] = process.pid
+        state["unshare_start"] = _start_time(process.pid)
+        try:
+            line = _read_line(ready_r, INIT_TIMEOUT)
+        finally:
+            os.close(ready_r)
+        if not line:
+            os.close(exit_r)
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            process.wait()
+            raise LaunchError(f"the cluster's sandbox did not start:\n{_read_tail(log_path)}")
+        state["init_pid"] = int(line)
+        state["init_start"] = _start_time(state["init_pid"])
+        state["exit_fd_pending"] = exit_r  # handed to slirp4netns, then closed
+
+    def _start_egress(self, settings: SandboxSettings, track: Callable) -> None:
+        exit_r = self.state.pop("exit_fd_pending")
+        try:
+            if not egress_available(settings):
+                self.state["network"] = "loopback only (no egress)"
+                return
+            ready_r, ready_w = os.pipe()
+            command = [
+                "slirp4netns",
+                "--configure",
+                "--mtu=65520",
+                "--disable-host-loopback",
+                f"--ready-fd={ready_w}",
+                f"--exit-fd={exit_r}",
+                str(self.state["init_pid"]),
+                "tap0",
+            ]
+            try:
+                process = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    pass_fds=(ready_w, exit_r),
+                    start_new_session=True,
+                )
+            finally:
+                os.close(ready_w)
+            track(process)
+            self.state["slirp_pid"] = process.pid
+            self.state["slirp_start"] = _start_time(process.pid)
+            try:
+                ready = _read_line(ready_r, INIT_TIMEOUT, allow_partial=True)
+            finally:
+                os.close(ready_r)
+            if not ready:
+                raise LaunchError("slirp4netns did not configure the sandbox's network")
+            self.state["network"] = "loopback + outbound NAT (slirp4netns, no host loopback)"
+        finally:
+            os.close(exit_r)
+
+    def node_env(self, node: str) -> dict[str, str]:
+        """Variables a node gets from the sandbox (its devices, its home)."""
+        env = {
+            "HOME": self.state["writable_dir"],
+            "USER": f"manta{self.state['uid']}",
+            "LOGNAME": f"manta{self.state['uid']}",
+            "TMPDIR": "/tmp",
+        }
+        if self.state.get("gpu_inventory"):  # physical GPUs: only this node's (maybe none)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.state["gpus"].get(node) or [])
+        return env
+
+    def node_command(self, node: str, argv: list[str], cwd: str) -> list[str]:
+        """``argv`` run as the sandbox uid inside its namespaces and the node's cgroups."""
+        uid, gid = self.state["uid"], self.state["gid"]
+        return [
+            sys.executable,
+            "-I",
+            "-S",
+            INIT_SCRIPT,
+            "enter",
+            json.dumps({"cgroup_procs": self.cgroups.node_procs(node)}),
+            "--",
+            "nsenter",
+            f"--target={self.state['init_pid']}",
+            *(f"--{ns}" for ns in NAMESPACES),
+            "--",
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={gid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+            "env",
+            f"--chdir={cwd}",
+            *argv,
+        ]
+
+    def init_alive(self) -> bool:
+        pid = self.state.get("init_pid")
+        return bool(pid) and _start_time(pid) == self.state.get("init_start")
+
+    def processes(self) -> set[int]:
+        return self.cgroups.pids()
+
+    def oom_killed(self) -> bool:
+        return self.cgroups.oom_kills() > 0
+
+    def summary(self) -> dict[str, Any]:
+        """What this sandbox enforces, for the attempt's detail."""
+        s = self.state
+        return {
+            "mode": MODE_SANDBOX,
+            "uid": s.get("uid"),
+            "gid": s.get("gid"),
+            "namespaces": list(NAMESPACES),
+            "network": s.get("network", ""),
+            "cgroup": f"v{s.get('cgroups', {}).get('version', '?')}",
+            "limits": s.get("limits", {}),
+            "gpus": {k: v for k, v in s.get("gpus", {}).items() if v},
+            "filesystem": "system read-only; private /tmp, /var/tmp, /dev/shm; "
+            "writable: the cluster dir only",
+        }
+
+    def destroy(self) -> None:
+        """End every process of the sandbox and free what it held. Idempotent."""
+        s = self.state
+        # The sandbox's helpers outside it: unshare (the init's parent) and slirp4netns; then
+        # the init, whose death makes the kernel kill every process of its PID namespace.
+        for name in ("unshare", "slirp", "init"):
+            pid = s.get(f"{name}_pid")
+            if pid and _start_time(pid) == s.get(f"{name}_start"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        # The nodes' host-side parents (nsenter) are in the cgroup too: let them collect their
+        # killed children and exit by themselves (killing one first would leave its child a
+        # zombie nobody reaps), then kill whatever is still there.
+        deadline = time.monotonic() + DRAIN_WAIT
+        while self.cgroups.pids() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        deadline = time.monotonic() + KILL_WAIT
+        while True:
+            self.cgroups.kill()
+            if not self.cgroups.pids() or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        leftover = self.cgroups.pids()
+        if leftover:
+            logger.warning("sandbox %s: processes survived SIGKILL: %s", s.get("owner"), leftover)
+        self.cgroups.remove()
+        if s.get("work_dir") and s.get("owner"):
+            leases = _Leases(s["work_dir"])
+            for gpus in s.get("gpus", {}).values():
+                for gpu in gpus:
+                    leases.release("gpu", gpu, s["owner"])
+            if s.get("uid") is not None and not leftover:
+                leases.release("uid", str(s["uid"]), s["owner"])
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks after boot (tells it from a later pid reuse)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if fields[0] in (b"Z", b"X"):
+            return None
+        return int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_line(fd: int, timeout: float, *, allow_partial: bool = False) -> str:
+    """Read from ``fd`` until a newline, EOF or the timeout."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    data = b""
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        readable, _, _ = select.select([fd], [], [], left)
+        if not readable:
+            break
+        chunk = os.read(fd, 256)
+        if not chunk:
+            break
+        data += chunk
+        if allow_partial and data:
+            break
+    return data.decode(errors="replace").strip()
+
+
+def _read_tail(path: str, limit: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read()[-limit:].decode(errors="replace")
+    except OSError:
+        return ""

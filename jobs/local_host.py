@@ -1,0 +1,106 @@
+"""This host as the ``local`` compute target: how its clusters are isolated, which GPUs it has,
+and how much admission may place on it.
+
+The host is shared by every organisation whose workspaces launch on ``local``, so its capacity
+is a limit above any organisation's: admission never reserves more of it than it has, whatever
+an org's own capacity says.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from django.conf import settings
+
+from workspaces.models import ComputeTarget, ComputeTargetKind, Workspace
+
+from .launchers.sandbox import GIB, SandboxSettings, detect_gpus, egress_available, host_support
+
+HOST = "local"  # what a reservation on this host records in Reservation.host
+
+
+@functools.cache
+def gpu_inventory() -> tuple[str, ...]:
+    """The device indices of this host's GPUs: ``MANTA_LOCAL_GPUS``, or what nvidia-smi lists."""
+    raw = settings.MANTA_LOCAL_GPUS.strip()
+    if raw == "auto":
+        return detect_gpus()
+    if raw.isdigit():
+        return tuple(str(i) for i in range(int(raw)))
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def sandbox_settings() -> SandboxSettings:
+    """The operator's isolation settings (a tenant's target config never reaches them)."""
+    low, _, high = settings.MANTA_LOCAL_UID_RANGE.partition("-")
+    return SandboxSettings(
+        mode=settings.MANTA_LOCAL_ISOLATION,
+        uid_range=(int(low), int(high or low)),
+        egress=settings.MANTA_LOCAL_EGRESS,
+        # The service's own files (code, settings, the embedded database and broker) stay
+        # out of sight; the interpreter and its packages are shown again read-only.
+        hide=(str(settings.BASE_DIR), str(settings.VAR_DIR), *settings.MANTA_LOCAL_HIDE_PATHS),
+        gpus=gpu_inventory(),
+        pids_per_node=settings.MANTA_LOCAL_PIDS_PER_NODE,
+        node_memory_overhead_bytes=int(settings.MANTA_LOCAL_NODE_OVERHEAD_GB * GIB),
+        default_node_memory_bytes=int(settings.MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB * GIB),
+    )
+
+
+def capacity() -> dict[str, float | None]:
+    """What admission may reserve on this host over all organisations (None: no cap; GPUs are
+    logical, and uncapped, when the host has no inventory)."""
+    configured = settings.MANTA_LOCAL_CAPACITY
+    memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    inventory = gpu_inventory()
+    found: dict[str, float | None] = {
+        "cpu": max(0.0, (os.cpu_count() or 1) - settings.MANTA_LOCAL_RESERVE_CPU),
+        "memory_gb": max(0.0, round(memory_gb - settings.MANTA_LOCAL_RESERVE_MEMORY_GB, 1)),
+        "gpu": float(len(inventory)) if inventory else None,
+    }
+    for name in found:
+        if name in configured:
+            found[name] = float(configured[name])
+    return found
+
+
+def targets_host(workspace: Workspace) -> bool:
+    return workspace.pk in workspaces_on_host(workspace.organization_id)
+
+
+def workspaces_on_host(organization_id: int) -> set[int]:
+    """The organisation's workspaces whose jobs launch on this host."""
+    named = dict(
+        ComputeTarget.objects.filter(organization_id=organization_id).values_list("name", "kind")
+    )
+    local_names = {n for n, kind in named.items() if kind == ComputeTargetKind.LOCAL}
+    if ComputeTargetKind.LOCAL not in named:
+        local_names.add(ComputeTargetKind.LOCAL)  # the built-in target
+    return set(
+        Workspace.objects.filter(
+            organization_id=organization_id, compute_target__in=local_names
+        ).values_list("pk", flat=True)
+    )
+
+
+def isolation_report() -> dict[str, Any]:
+    """The isolation in force on this host and what it enforces (worker start-up, the README)."""
+    sandbox = sandbox_settings()
+    if sandbox.mode == "off":
+        return {
+            "mode": "off",
+            "enforced": "nothing: nodes run as the worker's user and see the whole host "
+            "(single-user mode)",
+        }
+    problems = host_support(sandbox)
+    return {
+        "mode": "sandbox",
+        "ready": not problems,
+        "problems": problems,
+        "uid_range": list(sandbox.uid_range),
+        "egress": egress_available(sandbox),
+        "gpus": list(sandbox.gpus),
+        "capacity": capacity(),
+    }

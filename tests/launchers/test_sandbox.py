@@ -1,0 +1,166 @@
+"""The local launcher's sandbox against real Ray and the host's real cgroups and namespaces:
+CPU limits measured from the cgroup's own accounting, physical GPUs handed out disjointly,
+Ray's ports kept off the host, and a host that cannot isolate refusing to launch."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from jobs.launchers.base import RAY_SUCCEEDED, LaunchError, LaunchRequest
+from jobs.launchers.local import LocalRayLauncher
+from jobs.launchers.sandbox import Cgroups, SandboxSettings
+from tests.launchers.test_local_launcher import spec, wait_terminal
+
+SPIN = (
+    'python -c "import ray, time; ray.init(); '
+    "f = ray.remote(num_cpus=1)(lambda: __import__('os').system("
+    "'for i in 1 2 3 4; do timeout 20 sh -c \\\"while :; do :; done\\\" & done; wait')); "
+    "print('spinning', flush=True); ray.get(f.remote())\""
+)
+SHOW_GPUS = (
+    'python -c "import os, ray, time; ray.init(); '
+    "f = ray.remote(num_gpus=2)(lambda: os.environ.get('CUDA_VISIBLE_DEVICES')); "
+    "print('devices', ray.get(f.remote()), flush=True); time.sleep(4)\""
+)
+
+
+@pytest.fixture(scope="module")
+def work_dir() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="ms-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def launched() -> Iterator[list[dict[str, Any]]]:
+    handles: list[dict[str, Any]] = []
+    yield handles
+    for handle in handles:
+        LocalRayLauncher().stop(handle)
+
+
+def request(work_dir: str, name: str, job_spec: dict[str, Any], **sandbox: Any) -> LaunchRequest:
+    return LaunchRequest(
+        submission_id=name,
+        cluster_name=f"manta-sandbox-{name}",
+        spec=job_spec,
+        labels={},
+        target_config={"work_dir": work_dir, "sandbox": {"mode": "sandbox", **sandbox}},
+    )
+
+
+def listening_ports() -> set[int]:
+    """TCP ports listening in the host's network namespace (IPv4 and IPv6)."""
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+@pytest.mark.ray
+def test_a_one_cpu_worker_gets_one_cpu_and_no_ray_port_reaches_the_host(
+    work_dir: str, launched: list[dict[str, Any]]
+) -> None:
+    before = listening_ports()
+    launcher = LocalRayLauncher()
+    handle = launcher.launch(request(work_dir, "spin", spec(SPIN)))
+    launched.append(handle)
+    # Only the one forwarded port of the dashboard is new on the host.
+    new = listening_ports() - before
+    assert new == {int(handle["dashboard_url"].rsplit(":", 1)[1])}, new
+
+    deadline = time.monotonic() + 60
+    while "spinning" not in launcher.logs(handle):
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    time.sleep(2)  # the four spinners are up
+    cgroups = Cgroups(handle["sandbox"]["cgroups"])
+    used, started = cgroups.cpu_seconds("w0"), time.monotonic()
+    time.sleep(6)
+    share = (cgroups.cpu_seconds("w0") - used) / (time.monotonic() - started)
+    # Four busy processes on a two-core host would take both cores; the quota gives one.
+    assert 0.6 < share < 1.25, share
+    assert handle["isolation"]["limits"]["cpu"] == {"h": 1.0, "w0": 1.0}
+
+
+@pytest.mark.ray
+def test_gpus_from_the_inventory_are_disjoint_between_clusters(
+    work_dir: str, launched: list[dict[str, Any]]
+) -> None:
+    launcher = LocalRayLauncher()
+    gpus = {"gpus": ["0", "1", "2", "3"]}
+    group = [{"name": "g", "replicas": 1, "cpu": 1, "memory_gb": 1, "gpu": 2}]
+    seen = []
+    for name in ("gpu-a", "gpu-b"):
+        handle = launcher.launch(request(work_dir, name, spec(SHOW_GPUS, group), **gpus))
+        launched.append(handle)
+    # The inventory is spent: a third cluster cannot have any.
+    with pytest.raises(LaunchError, match="GPUs are busy"):
+        launcher.launch(request(work_dir, "gpu-c", spec(SHOW_GPUS, group), **gpus))
+    for handle in launched:
+        assert wait_terminal(launcher, handle).status == RAY_SUCCEEDED
+        [line] = [x for x in launcher.logs(handle).splitlines() if x.startswith("devices")]
+        seen.append(set(line.split()[1].split(",")))
+        assert handle["isolation"]["gpus"]["w0"] == sorted(seen[-1])
+    assert seen[0] | seen[1] == {"0", "1", "2", "3"} and not seen[0] & seen[1]
+    launcher.stop(launched.pop())
+    # What a stopped cluster held is free again.
+    handle = launcher.launch(request(work_dir, "gpu-d", spec(SHOW_GPUS, group), **gpus))
+    launched.append(handle)
+    assert sorted(handle["isolation"]["gpus"]["w0"]) == sorted(seen[1])
+
+
+def test_a_host_that_cannot_isolate_refuses_to_launch(work_dir: str) -> None:
+    req = request(work_dir, "nope", spec("true"), cgroup_root="/nonexistent-cgroups")
+    with pytest.raises(LaunchError, match="MANTA_LOCAL_ISOLATION=off"):
+        LocalRayLauncher().launch(req)
+    assert not [n for n in os.listdir(work_dir) if n.startswith("mr-")]
+
+
+def test_plan_says_what_the_sandbox_enforces() -> None:
+    req = request("/tmp", "plan", spec("true"), pids_per_node=500)
+    isolation = LocalRayLauncher().plan(req)["isolation"]
+    assert isolation["mode"] == "sandbox"
+    assert isolation["limits"]["cpu"] == {"h": 1.0, "w0": 1.0}
+    assert isolation["limits"]["pids"] == 1000
+    gib = 1024**3
+    # each node: its spec (1 GiB here), its object store (30 %), Ray's overhead (1 GiB)
+    assert isolation["limits"]["memory_bytes"] == 2 * (gib + int(gib * 0.3) + gib)
+    off = dataclasses.replace(req, target_config={"sandbox": {"mode": "off"}})
+    assert LocalRayLauncher().plan(off)["isolation"]["mode"] == "off"
+
+
+def test_cgroup_v2_layout(tmp_path) -> None:
+    """On a v2 host: one group per cluster (memory, processes, one OOM kill ends it all), a leaf
+    per node with its CPU quota, and a leaf for the init (v2 keeps processes in leaves). The
+    cgroup filesystem is stood in for by a directory: this host runs v1."""
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    cgroups = Cgroups.create(
+        str(tmp_path), "c1", cpus={"h": 1.0, "w0": 2.5}, memory_bytes=3 * 1024**3, pids=2048
+    )
+    group = tmp_path / "manta" / "c1"
+    assert (group / "memory.max").read_text() == str(3 * 1024**3)
+    assert (group / "memory.oom.group").read_text() == "1"
+    assert (group / "pids.max").read_text() == "2048"
+    assert (group / "node-w0" / "cpu.max").read_text() == "250000 100000"
+    assert cgroups.init_procs() == [str(group / "init" / "cgroup.procs")]
+    assert cgroups.node_procs("h") == [str(group / "node-h" / "cgroup.procs")]
+    (group / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    assert cgroups.oom_kills() == 1
+
+
+def test_settings_round_trip() -> None:
+    settings = SandboxSettings(uid_range=(5, 9), gpus=("1",), hide=("/srv/x",))
+    assert SandboxSettings.from_config(settings.to_config()) == settings
