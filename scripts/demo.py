@@ -38,7 +38,7 @@ ENV = {
     "MANTA_VAR_DIR": str(VAR),
     "DATABASE_URL": f"sqlite:///{VAR / 'manta.sqlite3'}",
     "CELERY_BROKER_URL": "filesystem://",
-    "MANTA_LOCAL_RAY_DIR": "/tmp/manta-demo-ray",
+    "MANTA_LOCAL_RAY_DIR": "/tmp/manta-demo",
     "PYTHONUNBUFFERED": "1",
     # the demo's webhook receiver listens on this host, over plain http
     "WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8",

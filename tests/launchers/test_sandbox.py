@@ -90,6 +90,7 @@ def test_a_one_cpu_worker_gets_one_cpu_and_no_ray_port_reaches_the_host(
     used, started = cgroups.cpu_seconds("w0"), time.monotonic()
     time.sleep(6)
     share = (cgroups.cpu_seconds("w0") - used) / (time.monotonic() - started)
+    print(f"a 1-CPU worker spinning 4 processes used {share:.2f} CPU")
     # Four busy processes on a two-core host would take both cores; the quota gives one.
     assert 0.6 < share < 1.25, share
     assert handle["isolation"]["limits"]["cpu"] == {"h": 1.0, "w0": 1.0}
