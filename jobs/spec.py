@@ -57,7 +57,28 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 RESOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
 RESERVED_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
 RAY_TAG_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:[-.].*)?$")
-WORKING_DIR = re.compile(r"^(https?|s3|gs)://\S+$|^[^\s:]+$")
+# Code reaches a job from a place Ray fetches itself, never from the worker's filesystem: Ray's
+# client zips a local working_dir where it runs, which would ship the worker's files.
+WORKING_DIR = re.compile(r"^(https|s3|gs)://[^\s/]+/\S*$")
+# Variables that change how the runtime itself behaves (which binaries and libraries load,
+# where Python and pip look, Ray's own settings, the devices a node was given).
+RUNTIME_ENV_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "SHELL",
+        "TMPDIR",
+        "VIRTUAL_ENV",
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "NEURON_RT_VISIBLE_CORES",
+        "TPU_VISIBLE_CHIPS",
+    }
+)
+RUNTIME_ENV_PREFIXES = ("LD_", "DYLD_", "PYTHON", "RAY_", "PIP_", "CONDA_", "UV_", "MANTA_")
+PIP_URL_SCHEMES = frozenset({"https", "git+https"})
 
 
 def _resource_number(max_value: float, *, integer: bool = False):
@@ -133,12 +154,26 @@ class RuntimeEnvSpec(serializers.Serializer):
 
     def validate_pip(self, value: list[str]) -> list[str]:
         for entry in value:
+            text = entry.strip()
+            if text.startswith("-"):
+                raise serializers.ValidationError(
+                    f"{entry!r}: pip options are not allowed (only requirement specifiers)"
+                )
+            if text.startswith(("/", ".", "~", "file:")) or "\\" in text:
+                raise serializers.ValidationError(
+                    f"{entry!r}: paths are not allowed (only requirement specifiers)"
+                )
             try:
-                Requirement(entry)
+                requirement = Requirement(text)
             except InvalidRequirement as exc:
                 raise serializers.ValidationError(
                     f"{entry!r} is not a requirement specifier (e.g. 'requests==2.32.3'): {exc}"
                 ) from exc
+            scheme = (requirement.url or "").partition("://")[0].lower()
+            if requirement.url and scheme not in PIP_URL_SCHEMES:
+                raise serializers.ValidationError(
+                    f"{entry!r}: a direct reference must be an https:// or git+https:// URL"
+                )
         return value
 
     def validate_env_vars(self, value: dict[str, str]) -> dict[str, str]:
@@ -147,11 +182,24 @@ class RuntimeEnvSpec(serializers.Serializer):
             raise serializers.ValidationError(
                 f"invalid environment variable name(s): {', '.join(bad)}"
             )
+        runtime = sorted(
+            name
+            for name in value
+            if name.upper() in RUNTIME_ENV_NAMES or name.upper().startswith(RUNTIME_ENV_PREFIXES)
+        )
+        if runtime:
+            raise serializers.ValidationError(
+                f"{', '.join(runtime)}: may not be set; PATH, HOME, LD_*, PYTHON*, RAY_*, PIP_*, "
+                "MANTA_* and device visibility variables change the runtime itself"
+            )
         return value
 
     def validate_working_dir(self, value: str) -> str:
         if not WORKING_DIR.match(value):
-            raise serializers.ValidationError("must be a path or an http(s)://, s3:// or gs:// URI")
+            raise serializers.ValidationError(
+                "must be a remote URI (https://, s3:// or gs://) of a zip Ray downloads itself; "
+                "paths on the worker's host are refused"
+            )
         return value
 
 
@@ -212,6 +260,15 @@ class JobSpec(serializers.Serializer):
         if duplicates:
             raise serializers.ValidationError(
                 f"worker group names must be unique: {', '.join(duplicates)}"
+            )
+        org = self.context.get("organization")
+        limit = getattr(org, "max_nodes_per_job", None)
+        nodes = 1 + sum(max(g["replicas"], g.get("max_replicas") or 0) for g in value)
+        if limit is not None and nodes > limit:
+            raise serializers.ValidationError(
+                f"this job asks for {nodes} Ray nodes (the head and every worker replica, "
+                f"max_replicas included); the organisation allows {limit} per job "
+                "(max_nodes_per_job)"
             )
         return value
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.contrib.auth.base_user import AbstractBaseUser, BaseUserManager
 from django.contrib.auth.models import Group, PermissionsMixin
-from django.core.validators import RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
@@ -62,6 +62,10 @@ class Organization(models.Model):
     name = models.CharField(max_length=200)
     # Image policy: a template's image must start with one of these.
     allowed_image_prefixes = models.JSONField(default=list, blank=True)
+    # The most Ray nodes (head + worker replicas) one job may ask for.
+    max_nodes_per_job = models.PositiveIntegerField(
+        default=16, validators=[MinValueValidator(1), MaxValueValidator(1000)]
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

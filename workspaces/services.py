@@ -91,7 +91,7 @@ def org_create(
     return org, owner
 
 
-ORG_EDITABLE = ["name", "allowed_image_prefixes"]
+ORG_EDITABLE = ["name", "allowed_image_prefixes", "max_nodes_per_job"]
 
 
 @transaction.atomic

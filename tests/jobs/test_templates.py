@@ -35,6 +35,43 @@ RULES = [
     ({"runtime_env": {"pip": ["numpy>>1"]}}, "runtime_env.pip", "requirement specifier"),
     ({"runtime_env": {"env_vars": {"1BAD": "x"}}}, "runtime_env.env_vars", "1BAD"),
     ({"runtime_env": {"working_dir": "ftp://x y"}}, "runtime_env.working_dir", "URI"),
+    # hostile runtime_env: the worker's files, pip options and paths, runtime variables
+    ({"runtime_env": {"working_dir": "/tmp/code"}}, "runtime_env.working_dir", "host are refused"),
+    ({"runtime_env": {"working_dir": "/"}}, "runtime_env.working_dir", "host are refused"),
+    ({"runtime_env": {"working_dir": "code"}}, "runtime_env.working_dir", "remote URI"),
+    ({"runtime_env": {"working_dir": "http://x.test/a.zip"}}, "runtime_env.working_dir", "https"),
+    ({"runtime_env": {"working_dir": "file:///etc"}}, "runtime_env.working_dir", "remote URI"),
+    ({"runtime_env": {"pip": ["-e", "."]}}, "runtime_env.pip", "options are not allowed"),
+    (
+        {"runtime_env": {"pip": ["--index-url=http://evil.test/simple"]}},
+        "runtime_env.pip",
+        "options are not allowed",
+    ),
+    ({"runtime_env": {"pip": ["/etc/passwd"]}}, "runtime_env.pip", "paths are not allowed"),
+    ({"runtime_env": {"pip": ["./pkg"]}}, "runtime_env.pip", "paths are not allowed"),
+    ({"runtime_env": {"pip": ["file:///srv/pkg"]}}, "runtime_env.pip", "paths are not allowed"),
+    (
+        {"runtime_env": {"pip": ["pkg @ file:///srv/pkg.whl"]}},
+        "runtime_env.pip",
+        "https:// or git+https://",
+    ),
+    ({"runtime_env": {"env_vars": {"PATH": "/tmp"}}}, "runtime_env.env_vars", "PATH"),
+    ({"runtime_env": {"env_vars": {"LD_PRELOAD": "x.so"}}}, "runtime_env.env_vars", "LD_*"),
+    ({"runtime_env": {"env_vars": {"PYTHONPATH": "/x"}}}, "runtime_env.env_vars", "PYTHON*"),
+    ({"runtime_env": {"env_vars": {"RAY_ADDRESS": "x"}}}, "runtime_env.env_vars", "RAY_*"),
+    ({"runtime_env": {"env_vars": {"pip_index_url": "x"}}}, "runtime_env.env_vars", "PIP_*"),
+    (
+        {"runtime_env": {"env_vars": {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}}},
+        "runtime_env.env_vars",
+        "device visibility",
+    ),
+    # spec bounds: the organisation's max_nodes_per_job (16 by default)
+    ({"worker_groups": [worker(replicas=1000)]}, "worker_groups", "max_nodes_per_job"),
+    (
+        {"worker_groups": [worker(replicas=1, max_replicas=16)]},
+        "worker_groups",
+        "allows 16 per job",
+    ),
     ({"image": "docker.io/evil/miner:latest"}, "image", "image policy"),
     ({"image": "rayproject/ray:2.5.1-py310"}, "image", "Ray 2.5 is too old"),
     ({"max_runtime_seconds": 0}, "max_runtime_seconds", "greater than or equal"),
@@ -56,6 +93,32 @@ def test_template_rule(world, change, field, message):
     assert field in errors, errors
     assert message.lower() in " ".join(errors[field]).lower(), errors[field]
     assert (JobTemplate.objects.count(), JobTemplateVersion.objects.count()) == before
+
+
+def test_remote_code_and_plain_requirements_are_fine(world):
+    runtime_env = {
+        "working_dir": "https://github.com/acme/train/archive/refs/heads/main.zip",
+        "pip": ["requests==2.32.3", "torch>=2.0; python_version>'3.8'",
+                "pkg @ git+https://github.com/acme/pkg@v1"],
+        "env_vars": {"COUNT_TO": "10", "OMP_NUM_THREADS": "1"},
+    }  # fmt: skip
+    body = {"name": "remote", **counter_spec(runtime_env=runtime_env)}
+    response = world.client("ws_admin").post(URL, body, format="json")
+    assert response.status_code == 201, response.content
+
+
+def test_max_nodes_per_job_is_the_organisations(world):
+    owner = world.client("owner")
+    response = owner.patch("/api/v1/orgs/acme/", {"max_nodes_per_job": 0}, format="json")
+    assert response.status_code == 400 and "max_nodes_per_job" in response.json()["errors"]
+    response = owner.patch("/api/v1/orgs/acme/", {"max_nodes_per_job": 40}, format="json")
+    assert response.status_code == 200 and response.json()["max_nodes_per_job"] == 40
+    body = {"name": "wide", **counter_spec(worker_groups=[worker(replicas=39)])}
+    assert world.client("ws_admin").post(URL, body, format="json").status_code == 201
+    body = {"name": "wider", **counter_spec(worker_groups=[worker(replicas=40)])}
+    response = world.client("ws_admin").post(URL, body, format="json")
+    assert response.status_code == 400
+    assert "allows 40 per job" in response.json()["errors"]["worker_groups"][0]
 
 
 def test_missing_required_fields(world):

@@ -57,7 +57,15 @@ class OrgOutput(serializers.ModelSerializer):
 
     class Meta:
         model = Organization
-        fields = ["id", "slug", "name", "allowed_image_prefixes", "created_at", "role"]
+        fields = [
+            "id",
+            "slug",
+            "name",
+            "allowed_image_prefixes",
+            "max_nodes_per_job",
+            "created_at",
+            "role",
+        ]
 
     def get_role(self, org) -> str:
         return self.context.get("roles", {}).get(org.pk, "")
@@ -70,6 +78,12 @@ class OrgUpdateInput(serializers.Serializer):
         required=False,
         max_length=50,
         help_text="A template's image must start with one of these.",
+    )
+    max_nodes_per_job = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=1000,
+        help_text="The most Ray nodes (head + worker replicas) one job may ask for.",
     )
 
 
