@@ -184,6 +184,14 @@ MANTA_LOCAL_CAPACITY = env.dict("MANTA_LOCAL_CAPACITY", default={})
 MANTA_LOCAL_RESERVE_CPU = env.float("MANTA_LOCAL_RESERVE_CPU", default=0.0)
 MANTA_LOCAL_RESERVE_MEMORY_GB = env.float("MANTA_LOCAL_RESERVE_MEMORY_GB", default=2.0)
 
+# Compute targets are tenant input too (workspaces/api/serializers.py). A `ray` target's address
+# must be public unless it lies in one of these networks (the compose file lists its own);
+# `in_cluster` (the platform's own Kubernetes service account) only where this says so.
+MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS = env.list(
+    "MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS", default=[]
+)
+MANTA_KUBERAY_IN_CLUSTER = env.bool("MANTA_KUBERAY_IN_CLUSTER", default=False)
+
 # Webhooks (notifications/). Deliveries may only reach public addresses unless a network is
 # listed here (e.g. "127.0.0.0/8" for a receiver on this host); plain http:// only if allowed.
 WEBHOOK_ALLOWED_NETWORKS = env.list("WEBHOOK_ALLOWED_NETWORKS", default=[])

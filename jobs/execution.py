@@ -78,6 +78,11 @@ def resolve_target(job: Job) -> ResolvedTarget:
     config = {**target.config, **compute_target_secrets(target)}
     if target.kind == ComputeTargetKind.LOCAL:
         config = local_defaults(config)
+    # The operator's policy travels with the config: launchers check it at every connection.
+    elif target.kind == ComputeTargetKind.RAY:
+        config["allowed_networks"] = list(settings.MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS)
+    elif target.kind == ComputeTargetKind.KUBERAY:
+        config["in_cluster_allowed"] = settings.MANTA_KUBERAY_IN_CLUSTER
     return ResolvedTarget(name=target.name, kind=target.kind, config=config)
 
 

@@ -1,141 +1,24 @@
-"""The SSRF guard: a webhook URL may only lead to the public internet.
-
-The host is resolved once, every address it resolves to is checked, and the caller connects to
-the checked address (``Destination.address``) — never resolving the name again, so a DNS answer
-that changes between the check and the connection (rebinding) cannot reach an internal address.
-Loopback, private, link-local, CGNAT, multicast, reserved, unspecified and cloud-metadata
-addresses are refused unless they fall inside ``WEBHOOK_ALLOWED_NETWORKS``; ``http://`` is refused
-unless ``WEBHOOK_ALLOW_HTTP``. The same check runs when an endpoint is saved and before every
-delivery.
-"""
+"""The webhook policy over the SSRF guard (``config/ssrf.py``): a webhook URL may only lead to
+the public internet, or to ``WEBHOOK_ALLOWED_NETWORKS``; ``http://`` only with
+``WEBHOOK_ALLOW_HTTP``. Checked when an endpoint is saved and before every delivery."""
 
 from __future__ import annotations
 
-import dataclasses
-import ipaddress
-import socket
-from urllib.parse import urlsplit
-
 from django.conf import settings
 
-# Resolution goes through this name so tests can answer for hostnames of their own.
-getaddrinfo = socket.getaddrinfo
+from config import ssrf as _ssrf
+from config.ssrf import Destination, IPAddress, UnsafeURL
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-METADATA = (
-    ipaddress.ip_address("169.254.169.254"),  # AWS, GCP, Azure, OpenStack, …
-    ipaddress.ip_address("fd00:ec2::254"),  # AWS over IPv6
-    ipaddress.ip_address("100.100.100.200"),  # Alibaba Cloud
-)
-CGNAT = ipaddress.ip_network("100.64.0.0/10")
-NAT64 = ipaddress.ip_network("64:ff9b::/96")
-
-
-class UnsafeURL(ValueError):
-    """The URL may not be used; the message names the rule."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Destination:
-    scheme: str
-    host: str  # as written in the URL: the Host header and the TLS server name
-    port: int
-    target: str  # path and query
-    address: str  # the checked IP address to connect to
-
-    @property
-    def host_header(self) -> str:
-        default = 443 if self.scheme == "https" else 80
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return host if self.port == default else f"{host}:{self.port}"
-
-
-def _networks(values: list[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    return [ipaddress.ip_network(value.strip(), strict=False) for value in values if value.strip()]
+__all__ = ["Destination", "UnsafeURL", "check_url", "refusal"]
 
 
 def refusal(address: IPAddress) -> str | None:
-    """Why ``address`` may not be reached, or None if it may."""
-    allowed = _networks(settings.WEBHOOK_ALLOWED_NETWORKS)
-    if any(address in network for network in allowed if network.version == address.version):
-        return None
-    if isinstance(address, ipaddress.IPv6Address):
-        embedded = address.ipv4_mapped or address.sixtofour or (address.teredo or (None, None))[1]
-        if embedded is None and address in NAT64:
-            embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-        if embedded is not None:
-            reason = refusal(embedded)
-            return f"{reason} (embedded in {address})" if reason else None
-    if address in METADATA:
-        return "a cloud metadata address"
-    if address.is_loopback:
-        return "a loopback address"
-    if address.is_unspecified:
-        return "the unspecified address"
-    if address.is_link_local:
-        return "a link-local address"
-    if address.is_multicast:
-        return "a multicast address"
-    if isinstance(address, ipaddress.IPv4Address) and address in CGNAT:
-        return "a carrier-grade NAT (shared) address"
-    if address.is_reserved:
-        return "a reserved address"
-    if address.is_private:
-        return "a private address"
-    if not address.is_global:
-        return "an address that is not globally routable"
-    return None
-
-
-def resolve(host: str, port: int) -> list[IPAddress]:
-    """Every address ``host`` resolves to (one lookup), or the literal address it is."""
-    try:
-        return [ipaddress.ip_address(host)]
-    except ValueError:
-        pass
-    try:
-        infos = getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as exc:
-        raise UnsafeURL(f"the host {host!r} does not resolve") from exc
-    addresses: list[IPAddress] = []
-    for info in infos:
-        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-        if address not in addresses:
-            addresses.append(address)
-    if not addresses:
-        raise UnsafeURL(f"the host {host!r} does not resolve")
-    return addresses
+    return _ssrf.refusal(address, settings.WEBHOOK_ALLOWED_NETWORKS)
 
 
 def check_url(url: str) -> Destination:
-    """Parse, resolve and check ``url``; raise :class:`UnsafeURL` naming the rule it breaks."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise UnsafeURL(f"not a valid URL: {exc}") from exc
-    scheme = parts.scheme.lower()
-    if scheme not in ("https", "http"):
-        raise UnsafeURL("the URL must start with https://")
-    if scheme == "http" and not settings.WEBHOOK_ALLOW_HTTP:
-        raise UnsafeURL("plain http:// is not allowed; use https:// (WEBHOOK_ALLOW_HTTP)")
-    if parts.username is not None or parts.password is not None:
-        raise UnsafeURL("credentials in the URL are not allowed; receivers verify the signature")
-    host = (parts.hostname or "").rstrip(".")
-    if not host:
-        raise UnsafeURL("the URL has no host")
-    port = port or (443 if scheme == "https" else 80)
-    addresses = resolve(host, port)
-    for address in addresses:
-        reason = refusal(address)
-        if reason:
-            named = f"{host} is"
-            if str(address) != host:
-                named = f"{host} resolves to {address}, which is"
-            raise UnsafeURL(
-                f"{named} {reason}; webhooks may only reach public addresses "
-                "(WEBHOOK_ALLOWED_NETWORKS)"
-            )
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return Destination(scheme, host, port, target, str(addresses[0]))
+    return _ssrf.check_url(
+        url,
+        allowed_networks=settings.WEBHOOK_ALLOWED_NETWORKS,
+        allow_http=settings.WEBHOOK_ALLOW_HTTP,
+    )

@@ -8,9 +8,11 @@ and talks to the Kubernetes API (:class:`KubeRayLauncher`).
 
 Target config keys (all optional except a way to reach the cluster):
 
-* ``kubeconfig``: a path to a kubeconfig file, the kubeconfig's YAML text, or the parsed mapping;
+* ``kubeconfig``: the kubeconfig's YAML text or the parsed mapping (no exec or auth-provider
+  plugins, no file references; a path on this host is refused);
 * ``context``: the kubeconfig context to use (default: its current-context);
-* ``in_cluster``: ``true`` to use the pod's service account instead of a kubeconfig;
+* ``in_cluster``: ``true`` to use the pod's service account instead of a kubeconfig, only with
+  ``in_cluster_allowed`` (the operator's MANTA_KUBERAY_IN_CLUSTER);
 * ``namespace_pattern``: default ``"manta-{workspace}"``; ``{org}`` and ``{workspace}`` are the
   slugs from the request labels;
 * ``head_pod_cpu``: the head container's CPU when the spec gives the head 0 Ray CPUs (default 1);
@@ -36,6 +38,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
+
+from workspaces import kubeconfig as tenant_kubeconfig
 
 from .base import (
     RAY_FAILED,
@@ -754,31 +758,30 @@ def build_api_client(target_config: Mapping[str, Any]) -> k8s.ApiClient:
     context = target_config.get("context")
     try:
         if target_config.get("in_cluster"):
+            if not target_config.get("in_cluster_allowed"):
+                raise LaunchError(
+                    "in_cluster would use the platform's own service account; this deployment "
+                    "does not allow it (MANTA_KUBERAY_IN_CLUSTER)"
+                )
             k8s_config.load_incluster_config(client_configuration=configuration)
+        elif target_config.get("kubeconfig"):
+            # A tenant's kubeconfig: checked at save, and again here, before anything in it
+            # can run a command or read a file in this process.
+            try:
+                kubeconfig = dict(tenant_kubeconfig.load(target_config["kubeconfig"]))
+            except ValueError as exc:
+                raise LaunchError(f"kubeconfig {exc}") from exc
+            refused = tenant_kubeconfig.problems(kubeconfig)
+            if refused:
+                raise LaunchError("kubeconfig refused: " + "; ".join(refused))
+            k8s_config.load_kube_config_from_dict(
+                kubeconfig,
+                context=context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
         else:
-            kubeconfig = target_config.get("kubeconfig")
-            if isinstance(kubeconfig, str) and ("\n" in kubeconfig or kubeconfig.startswith("{")):
-                # Inline YAML (or JSON) text: a path has neither a newline nor a leading brace.
-                kubeconfig = yaml.safe_load(kubeconfig)
-            if isinstance(kubeconfig, Mapping):
-                k8s_config.load_kube_config_from_dict(
-                    dict(kubeconfig),
-                    context=context,
-                    client_configuration=configuration,
-                    persist_config=False,
-                )
-            elif isinstance(kubeconfig, str) and kubeconfig.strip():
-                path = os.path.expanduser(kubeconfig.strip())
-                if not os.path.isfile(path):
-                    raise LaunchError(f"kubeconfig file {path!r} does not exist")
-                k8s_config.load_kube_config(
-                    config_file=path,
-                    context=context,
-                    client_configuration=configuration,
-                    persist_config=False,
-                )
-            else:
-                raise LaunchError("the kuberay target needs `kubeconfig` or `in_cluster: true`")
+            raise LaunchError("the kuberay target needs `kubeconfig` or `in_cluster: true`")
     except (ConfigException, yaml.YAMLError, OSError, KeyError, TypeError, ValueError) as exc:
         raise LaunchError(f"cannot load the Kubernetes config: {exc}") from exc
     return k8s.ApiClient(configuration=configuration)

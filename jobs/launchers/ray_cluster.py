@@ -1,7 +1,14 @@
 """The ``ray`` launcher: submit to an existing, long-running Ray cluster (no cluster lifecycle).
 
-Target config: ``address`` (the dashboard, ``http://host:8265``) and the cluster's auth token
-(stored encrypted on the compute target, handed in as ``token``).
+Target config: ``address`` (the dashboard, ``http://host:8265``), the cluster's auth token
+(stored encrypted on the compute target, handed in as ``token``) and the operator's
+``allowed_networks``. The address is a tenant's input: it passes the SSRF policy when the
+target is saved and again before every connection, and a plain-http connection goes to the
+address that was checked, so a DNS answer that changes in between cannot redirect it.
+
+The driver is given the head's spec as Ray entrypoint resources (CPUs, GPUs, memory), so Ray
+schedules it where that much is free. Worker groups are not provisioned: the job's tasks use
+whatever the shared cluster has (see the README's security section).
 """
 
 from __future__ import annotations
@@ -9,8 +16,12 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from config import ssrf
+
 from . import ray_jobs
 from .base import LaunchError, LaunchRequest, RayJobState
+
+GIB = 1024**3
 
 
 class RayClusterLauncher:
@@ -19,15 +30,19 @@ class RayClusterLauncher:
     def __init__(self, target_config: dict[str, Any]):
         self.address = target_config.get("address", "")
         self.token = target_config.get("token") or None
+        self.allowed_networks = list(target_config.get("allowed_networks") or [])
         if not self.address:
             raise LaunchError("the ray compute target has no address")
 
     def _submission(self, request: LaunchRequest) -> dict[str, Any]:
+        head = request.spec.get("head") or {}
         return {
             "submission_id": request.submission_id,
             "entrypoint": request.spec["entrypoint"],
             "runtime_env": ray_jobs.clean_runtime_env(request.spec.get("runtime_env")),
-            "entrypoint_num_cpus": 0,
+            "entrypoint_num_cpus": float(head.get("cpu") or 0),
+            "entrypoint_num_gpus": float(head.get("gpu") or 0),
+            "entrypoint_memory": int(float(head.get("memory_gb") or 0) * GIB),
             "metadata": dict(request.labels),
         }
 
@@ -55,7 +70,22 @@ class RayClusterLauncher:
         return self.submit(self.start_cluster(request), request)
 
     def _client(self):
-        return ray_jobs.make_client(self.address, self.token)
+        try:
+            where = ssrf.check_url(
+                self.address,
+                allowed_networks=self.allowed_networks,
+                allow_http=True,
+                what="compute targets",
+                networks_setting="MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS",
+            )
+        except ssrf.UnsafeURL as exc:
+            raise LaunchError(f"the ray target's address is refused: {exc}") from exc
+        if where.scheme == "https":
+            address = self.address  # TLS binds the name: a rebound address fails the handshake
+        else:
+            host = f"[{where.address}]" if ":" in where.address else where.address
+            address = f"http://{host}:{where.port}"
+        return ray_jobs.make_client(address, self.token)
 
     def status(self, handle: dict[str, Any]) -> RayJobState:
         return ray_jobs.job_state(self._client(), handle["submission_id"])

@@ -111,6 +111,8 @@ def submit_idempotent(
     entrypoint: str,
     runtime_env: dict[str, Any] | None = None,
     entrypoint_num_cpus: float = 0,
+    entrypoint_num_gpus: float = 0,
+    entrypoint_memory: int = 0,
     metadata: dict[str, str] | None = None,
 ) -> bool:
     """Submit the entrypoint as Ray job ``submission_id``; True if this call created the job.
@@ -126,6 +128,8 @@ def submit_idempotent(
             submission_id=submission_id,
             runtime_env=clean_runtime_env(runtime_env) or None,
             entrypoint_num_cpus=entrypoint_num_cpus,
+            entrypoint_num_gpus=entrypoint_num_gpus or None,
+            entrypoint_memory=entrypoint_memory or None,
             metadata=metadata or None,
         )
         return True

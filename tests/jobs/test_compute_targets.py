@@ -20,6 +20,12 @@ KUBECONFIG = yaml.safe_dump({
 })  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def loopback_ray(settings):
+    # These tests point ray targets at this host; the operator allows its loopback.
+    settings.MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+
+
 def test_ray_target_token_is_encrypted_and_never_returned(world):
     body = {"name": "shared", "kind": "ray",
             "config": {"address": "http://127.0.0.1:8265", "token": "s3cret-token"}}  # fmt: skip

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -614,14 +615,29 @@ def test_logs_are_returned_verbatim(stub: KubeStub, launcher: KubeRayLauncher) -
 # ---------------------------------------------------------------------------------------------
 
 
-def test_kubeconfig_file_path(stub: KubeStub, tmp_path: Path) -> None:
+def test_a_kubeconfig_that_would_run_code_or_read_files_is_refused_before_loading(
+    stub: KubeStub, tmp_path: Path
+) -> None:
     path = tmp_path / "kubeconfig.yaml"
     path.write_text(stub.kubeconfig(token="from-file"))
-    launcher = KubeRayLauncher({"kubeconfig": str(path)})
-
-    launcher.launch(make_request())
-
-    assert stub.requests[-1].headers["authorization"] == "Bearer from-file"
+    marker = tmp_path / "ran"
+    hostile = yaml.safe_load(stub.kubeconfig())
+    hostile["users"][0]["user"] = {
+        "exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "touch",
+                 "args": [str(marker)]},
+    }  # fmt: skip
+    reads = yaml.safe_load(stub.kubeconfig())
+    reads["users"][0]["user"] = {"tokenFile": "/etc/shadow"}
+    for config, message in (
+        ({"kubeconfig": str(path)}, "paths on the worker's host are refused"),
+        ({"kubeconfig": hostile}, "users[0].user.exec"),
+        ({"kubeconfig": yaml.safe_dump(reads)}, "users[0].user.tokenFile"),
+        ({"in_cluster": True}, "MANTA_KUBERAY_IN_CLUSTER"),
+    ):
+        with pytest.raises(LaunchError, match=re.escape(message)):
+            KubeRayLauncher(config).launch(make_request())
+    assert not marker.exists()
+    assert stub.requests == []
 
 
 def test_kubeconfig_mapping_and_context(stub: KubeStub) -> None:

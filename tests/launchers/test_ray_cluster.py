@@ -2,11 +2,13 @@
 launcher, standing in for a long-running shared cluster): submit, status, logs, stop — and no
 cluster lifecycle of its own."""
 
+import socket
 import time
 import uuid
 
 import pytest
 
+from config import ssrf
 from jobs.launchers.base import LaunchError, LaunchRequest
 from jobs.launchers.local import LocalRayLauncher
 from jobs.launchers.ray_cluster import RayClusterLauncher
@@ -41,6 +43,15 @@ def shared_cluster():
     local.stop(handle)
 
 
+def target(cluster):
+    # The stand-in cluster listens on this host's loopback: the operator allows it.
+    return {
+        "address": cluster["dashboard_url"],
+        "token": cluster["token"],
+        "allowed_networks": ["127.0.0.0/8"],
+    }
+
+
 def wait(launcher, handle, statuses, timeout=60):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -52,12 +63,13 @@ def wait(launcher, handle, statuses, timeout=60):
 
 
 def test_submit_follow_logs_stop(shared_cluster):
-    launcher = RayClusterLauncher(
-        {"address": shared_cluster["dashboard_url"], "token": shared_cluster["token"]}
-    )
+    launcher = RayClusterLauncher(target(shared_cluster))
     req = request()
     plan = launcher.plan(req)
     assert plan["kind"] == "ray" and plan["submission"]["submission_id"] == req.submission_id
+    # the driver asks Ray for the head's spec
+    assert plan["submission"]["entrypoint_num_cpus"] == 1
+    assert plan["submission"]["entrypoint_memory"] == 1024**3
     handle = launcher.launch(req)
     assert launcher.launch(req) == handle  # a repeated launch adopts the same Ray job
     wait(launcher, handle, {"RUNNING"})
@@ -73,6 +85,29 @@ def test_submit_follow_logs_stop(shared_cluster):
 
 
 def test_wrong_token_is_refused(shared_cluster):
-    launcher = RayClusterLauncher({"address": shared_cluster["dashboard_url"], "token": "nope"})
+    launcher = RayClusterLauncher({**target(shared_cluster), "token": "nope"})
     with pytest.raises(LaunchError):
         launcher.launch(request())
+
+
+def test_an_address_outside_the_allowed_networks_is_refused_at_every_connection(
+    shared_cluster, monkeypatch
+):
+    """The same cluster, but the operator allows no internal network: the worker never sends
+    a request there. A name checked at save that resolves to loopback later is refused too."""
+    launcher = RayClusterLauncher({**target(shared_cluster), "allowed_networks": []})
+    with pytest.raises(LaunchError, match="loopback"):
+        launcher.launch(request())
+    port = shared_cluster["dashboard_url"].rsplit(":", 1)[1]
+    answers = {"ray.example.test": "93.184.216.34"}
+
+    def resolve(host, port, *args, **kwargs):
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[host], port))]
+
+    monkeypatch.setattr(ssrf, "getaddrinfo", resolve)
+    named = RayClusterLauncher(
+        {"address": f"http://ray.example.test:{port}", "token": shared_cluster["token"]}
+    )
+    answers["ray.example.test"] = "127.0.0.1"  # rebound after the target was saved
+    with pytest.raises(LaunchError, match=r"resolves to 127\.0\.0\.1, which is a loopback"):
+        named.status({"submission_id": "x"})

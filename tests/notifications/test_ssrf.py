@@ -8,6 +8,7 @@ import socket
 
 import pytest
 
+from config import ssrf as guard
 from notifications import ssrf
 from notifications.models import WebhookAttempt, WebhookDelivery
 
@@ -20,7 +21,7 @@ HOOKS = "/api/v1/orgs/acme/workspaces/ml/webhooks/"
 def resolver(monkeypatch):
     """Answer DNS for names of our own: ``{"name": ["1.2.3.4", …]}``."""
     answers: dict[str, list[str]] = {}
-    real = ssrf.getaddrinfo
+    real = guard.getaddrinfo
 
     def fake(host, port, *args, **kwargs):
         if host in answers:
@@ -31,32 +32,33 @@ def resolver(monkeypatch):
             ]
         return real(host, port, *args, **kwargs)
 
-    monkeypatch.setattr(ssrf, "getaddrinfo", fake)
+    monkeypatch.setattr(guard, "getaddrinfo", fake)
     return answers
 
 
-@pytest.mark.parametrize(
-    ("address", "rule"),
-    [
-        ("127.0.0.1", "loopback"),
-        ("10.1.2.3", "private"),
-        ("172.16.0.1", "private"),
-        ("192.168.1.1", "private"),
-        ("169.254.169.254", "metadata"),
-        ("169.254.10.1", "link-local"),
-        ("100.64.0.1", "carrier-grade NAT"),
-        ("224.0.0.1", "multicast"),
-        ("0.0.0.0", "unspecified"),
-        ("240.0.0.1", "reserved"),
-        ("::1", "loopback"),
-        ("fe80::1", "link-local"),
-        ("fc00::1", "private"),
-        ("ff02::1", "multicast"),
-        ("::ffff:127.0.0.1", "loopback"),
-        ("::ffff:169.254.169.254", "metadata"),
-        ("64:ff9b::a00:1", "private"),
-    ],
-)
+# Shared with the compute target tests: every internal address kind and how it is named.
+INTERNAL_ADDRESSES = [
+    ("127.0.0.1", "loopback"),
+    ("10.1.2.3", "private"),
+    ("172.16.0.1", "private"),
+    ("192.168.1.1", "private"),
+    ("169.254.169.254", "metadata"),
+    ("169.254.10.1", "link-local"),
+    ("100.64.0.1", "carrier-grade NAT"),
+    ("224.0.0.1", "multicast"),
+    ("0.0.0.0", "unspecified"),
+    ("240.0.0.1", "reserved"),
+    ("::1", "loopback"),
+    ("fe80::1", "link-local"),
+    ("fc00::1", "private"),
+    ("ff02::1", "multicast"),
+    ("::ffff:127.0.0.1", "loopback"),
+    ("::ffff:169.254.169.254", "metadata"),
+    ("64:ff9b::a00:1", "private"),
+]
+
+
+@pytest.mark.parametrize(("address", "rule"), INTERNAL_ADDRESSES)
 def test_internal_addresses_are_refused(settings, address, rule):
     settings.WEBHOOK_ALLOWED_NETWORKS = []
     assert rule in ssrf.refusal(ipaddress.ip_address(address))

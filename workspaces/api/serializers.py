@@ -1,8 +1,12 @@
+from django.conf import settings
 from django.core.validators import RegexValidator
 from drf_spectacular.utils import OpenApiExample, extend_schema_serializer
 from rest_framework import serializers
 
+from config import ssrf
+from config.ssrf import UnsafeURL
 from notifications.emails import CATEGORIES as EMAIL_CATEGORIES
+from workspaces import kubeconfig
 from workspaces.models import (
     ApiToken,
     ApprovalPolicy,
@@ -219,6 +223,18 @@ class MemberOutput(serializers.ModelSerializer):
 # --- compute targets ---------------------------------------------------------------------------
 
 
+def check_compute_address(url: str):
+    """The SSRF policy for a Ray cluster's address: as for webhooks, but over the networks in
+    MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS, and plain http:// allowed (Ray's dashboard)."""
+    return ssrf.check_url(
+        url,
+        allowed_networks=settings.MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS,
+        allow_http=True,
+        what="compute targets",
+        networks_setting="MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS",
+    )
+
+
 class LocalTargetConfig(serializers.Serializer):
     start_timeout_seconds = serializers.IntegerField(min_value=10, max_value=1800, required=False)
     object_store_memory_bytes = serializers.IntegerField(
@@ -234,6 +250,13 @@ class RayTargetConfig(serializers.Serializer):
         required=False, write_only=True, max_length=4096, help_text="Stored encrypted"
     )
 
+    def validate_address(self, value: str) -> str:
+        try:
+            check_compute_address(value)
+        except UnsafeURL as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+        return value
+
 
 class KubeRayTargetConfig(serializers.Serializer):
     namespace_pattern = serializers.CharField(
@@ -247,6 +270,23 @@ class KubeRayTargetConfig(serializers.Serializer):
     )
     context = serializers.CharField(required=False, max_length=200)
     in_cluster = serializers.BooleanField(required=False, default=False)
+
+    def validate_kubeconfig(self, value: str) -> str:
+        try:
+            found = kubeconfig.problems(kubeconfig.load(value))
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+        if found:
+            raise serializers.ValidationError(found)
+        return value
+
+    def validate_in_cluster(self, value: bool) -> bool:
+        if value and not settings.MANTA_KUBERAY_IN_CLUSTER:
+            raise serializers.ValidationError(
+                "in_cluster would use the platform's own service account; only where the "
+                "deployment allows it (MANTA_KUBERAY_IN_CLUSTER=true)"
+            )
+        return value
 
     def validate(self, attrs):
         if not attrs.get("in_cluster") and not attrs.get("kubeconfig"):
