@@ -45,6 +45,7 @@ from .launchers.base import (
     RAY_STOPPED,
     RAY_SUCCEEDED,
     RAY_TERMINAL,
+    LaunchAbandoned,
     LaunchError,
     LaunchRequest,
     RayJobState,
@@ -308,12 +309,29 @@ def attempt_launch(attempt_id: str) -> None:
                 submitted_at=Coalesce(F("submitted_at"), Value(now)),
                 heartbeat_at=now,
             )
+        except LaunchAbandoned as exc:
+            logger.info("launch of attempt %s stopped: %s", attempt_id, exc)
+            if _still_wanted(attempt):  # past its deadline while starting
+                stop = RayJobState(RAY_STOPPED, str(exc))
+                attempt_settle(attempt_id, stop, reason="deadline_exceeded")
+            return  # cancelled or preempted: that path ends the attempt
         except LaunchError as exc:
             logger.warning("launch of attempt %s failed: %s", attempt_id, exc)
             fail = RayJobState(RAY_FAILED, str(exc))
             attempt_settle(attempt_id, fail, reason="launch_failed")
             return
     follow_start(attempt_id)
+
+
+def _abandon_reason(attempt: JobAttempt) -> str:
+    """Why a cluster that is still starting is no longer wanted ('' while it is)."""
+    if not _still_wanted(attempt):
+        return "its attempt was cancelled or preempted"
+    limit = attempt.job.spec.get("max_runtime_seconds") or 0
+    started = attempt.launch_started_at or attempt.created_at
+    if limit and (timezone.now() - started).total_seconds() > limit:
+        return f"its job ran past max_runtime_seconds={limit} while the cluster started"
+    return ""
 
 
 def _still_wanted(attempt: JobAttempt) -> bool:
@@ -327,7 +345,10 @@ def _still_wanted(attempt: JobAttempt) -> bool:
 def _start(attempt: JobAttempt, launcher, request: LaunchRequest, target) -> dict[str, Any]:
     if hasattr(launcher, "start_cluster"):
         _stop_orphans(attempt, target)
-        handle = launcher.start_cluster(request)
+        if target.kind == ComputeTargetKind.LOCAL:
+            handle = launcher.start_cluster(request, abandon=lambda: _abandon_reason(attempt))
+        else:
+            handle = launcher.start_cluster(request)
     else:  # kuberay: one call creates cluster and submission
         handle = launcher.launch(request)
     now = timezone.now()

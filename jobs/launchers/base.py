@@ -58,6 +58,11 @@ class LaunchError(Exception):
     """The cluster or the submission could not be brought up; the attempt fails with it."""
 
 
+class LaunchAbandoned(LaunchError):
+    """The caller no longer wants the cluster (its attempt was cancelled, preempted or ran past
+    its deadline): the start stopped and what had started is torn down."""
+
+
 class Launcher(Protocol):
     kind: str
 

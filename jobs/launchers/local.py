@@ -71,12 +71,13 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import requests
 
 from . import ray_jobs
-from .base import RAY_FAILED, LaunchError, LaunchRequest, RayJobState
+from .base import RAY_FAILED, LaunchAbandoned, LaunchError, LaunchRequest, RayJobState
 from .sandbox import MODE_OFF, MODE_SANDBOX, Sandbox, SandboxSettings, host_support, sandbox_limits
 
 if TYPE_CHECKING:
@@ -115,9 +116,9 @@ _HEAD_ONLY_PORTS = ("gcs", "dashboard", "client_server")
 _HEAD_PORTS = tuple(_PORT_FLAGS)
 _WORKER_PORTS = tuple(p for p in _PORT_FLAGS if p not in _HEAD_ONLY_PORTS)
 
-# Longest suffix Ray appends to a node's --temp-dir for a unix socket, e.g.
-# "/session_2026-01-01_00-00-00_123456_1234567/sockets/plasma_store", with some slack.
-_SOCKET_SUFFIX_LEN = 72
+# Longest suffix Ray appends to a node's --temp-dir for a unix socket:
+# "/session_2026-01-01_00-00-00_123456_1234567/sockets/plasma_store" is 64 bytes.
+_SOCKET_SUFFIX_LEN = 66
 _MAX_UNIX_SOCKET_PATH = 107
 
 # Environment a node may inherit from this process; everything else (secrets) stays here.
@@ -242,8 +243,13 @@ class LocalRayLauncher:
 
     # -- Beyond the protocol -------------------------------------------------------------------
 
-    def start_cluster(self, request: LaunchRequest) -> dict[str, Any]:
+    def start_cluster(
+        self, request: LaunchRequest, *, abandon: Callable[[], str] | None = None
+    ) -> dict[str, Any]:
         """Start the head and all worker nodes and wait until every node is alive in Ray.
+
+        ``abandon`` is asked, at most twice a second while nodes start, whether to stop: a
+        non-empty answer (why) tears down what has started and raises LaunchAbandoned.
 
         Returns the handle. Raises LaunchError (after tearing down whatever had started) when a
         node dies during start-up or the cluster is not complete within the start timeout.
@@ -281,6 +287,7 @@ class LocalRayLauncher:
                     grace,
                     object_store and int(object_store),
                     settings,
+                    _Abandon(abandon),
                 )
             except _PortConflict as exc:
                 logger.warning(
@@ -418,6 +425,21 @@ def _node_resources(spec: dict[str, Any], what: str) -> dict[str, Any]:
 # -- Starting ----------------------------------------------------------------------------------
 
 
+class _Abandon:
+    """Asks the caller, at most every half second, whether a start should stop."""
+
+    def __init__(self, ask: Callable[[], str] | None) -> None:
+        self._ask, self._next = ask, 0.0
+
+    def check(self) -> None:
+        if self._ask is None or time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + 0.5
+        reason = self._ask()
+        if reason:
+            raise LaunchAbandoned(f"the cluster's start stopped: {reason}")
+
+
 class _PortConflict(LaunchError):
     """A node could not bind one of its ports: retry the whole cluster with fresh ports."""
 
@@ -430,6 +452,7 @@ def _start_cluster_once(
     grace: float,
     object_store_bytes: int | None,
     settings: SandboxSettings,
+    abandon: _Abandon,
 ) -> dict[str, Any]:
     cluster_dir = tempfile.mkdtemp(prefix=CLUSTER_DIR_PREFIX, dir=base_dir)
     token = secrets.token_hex(32)
@@ -499,15 +522,16 @@ def _start_cluster_once(
         _write_handle(handle)
 
         for number, (name, node, ports) in enumerate(zip(names, nodes, port_sets, strict=True)):
+            abandon.check()
             _start_node(handle, node, name, ports, env, stores[name], sandbox, node_root)
             if number == 0:
-                _wait_for_gcs(handle, deadline)
+                _wait_for_gcs(handle, deadline, abandon)
                 logger.debug(
                     "%s: GCS up after %.1fs", request.cluster_name, time.monotonic() - started
                 )
             # Workers only need the GCS; starting them all now overlaps their start-up with
             # the head's dashboard coming up.
-        _wait_for_nodes(handle, len(nodes), deadline)
+        _wait_for_nodes(handle, len(nodes), deadline, abandon)
     except BaseException:
         _teardown(handle)
         raise
@@ -768,10 +792,11 @@ def _start_node(
     _write_handle(handle)  # now, so that even a crash during start-up leaves it findable
 
 
-def _wait_for_gcs(handle: dict[str, Any], deadline: float) -> None:
+def _wait_for_gcs(handle: dict[str, Any], deadline: float, abandon: _Abandon) -> None:
     host, port = handle["gcs_address"].rsplit(":", 1)
     while True:
         _check_nodes_running(handle)
+        abandon.check()
         if handle.get("sandbox"):
             # The GCS listens in the sandbox's network only: `ray start` says when it is up.
             if _RAY_STARTED in _read_end(handle["nodes"][0]["log"]):
@@ -790,13 +815,17 @@ def _wait_for_gcs(handle: dict[str, Any], deadline: float) -> None:
         time.sleep(0.2)
 
 
-def _wait_for_nodes(handle: dict[str, Any], expected: int, deadline: float) -> None:
+def _wait_for_nodes(
+    handle: dict[str, Any], expected: int, deadline: float, abandon: _Abandon | None = None
+) -> None:
     url = f"{handle['dashboard_url']}/api/v0/nodes"
     headers = ray_jobs.auth_headers(handle["token"])
     alive = 0
     answered = False
     while True:
         _check_nodes_running(handle)
+        if abandon is not None:
+            abandon.check()
         try:
             r = requests.get(url, headers=headers, params={"limit": 10000}, timeout=5)
             if r.ok:

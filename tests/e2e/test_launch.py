@@ -193,6 +193,37 @@ def test_cancel_while_running_tears_the_cluster_down(world, ray_work_dir):
     assert Job.objects.get(pk=job_id).state == "cancelled"
 
 
+def test_cancel_while_the_cluster_starts_stops_the_start(world, e2e, ray_work_dir):
+    """A 15-node cluster takes far longer to start on this machine than the start loop takes
+    to notice a cancel: the start stops, what had started is torn down, no handle is stored."""
+    template = make_template(
+        world,
+        entrypoint=py("print('never')"),
+        worker_groups=[{"name": "many", "replicas": 14, "cpu": 0, "memory_gb": 0.5}],
+    )
+    job_id = submit(world, template)
+    wait_for(job_id, {"launching"})
+    deadline = time.monotonic() + 60
+    while not cluster_processes(ray_work_dir):  # the head is starting
+        assert time.monotonic() < deadline, "no node ever started"
+        time.sleep(0.1)
+    response = world.client("developer").post(f"{WS}jobs/{job_id}/cancel/", {}, format="json")
+    assert response.status_code == 200
+    attempt = JobAttempt.objects.get(job_id=job_id)
+    deadline = time.monotonic() + 60
+    while (attempt.state != "cancelled" or cluster_processes(ray_work_dir)) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.3)
+        attempt.refresh_from_db()
+    assert attempt.state == "cancelled"
+    assert cluster_processes(ray_work_dir) == []
+    assert attempt.cluster_ready_at is None and not attempt.handle_encrypted
+    log = e2e.log_path.read_text(errors="replace")
+    assert "the cluster's start stopped: its attempt was cancelled or preempted" in log
+    assert not [n for n in os.listdir(ray_work_dir) if n.startswith("mr-")]
+
+
 def test_two_clusters_side_by_side_one_cancelled(world, ray_work_dir):
     slow = make_template(world, entrypoint=py("import time; time.sleep(300)"))
     ok = make_template(world, entrypoint=marker_entrypoint(sleep=12))
