@@ -311,9 +311,6 @@ def attempt_launch(attempt_id: str) -> None:
             )
         except LaunchAbandoned as exc:
             logger.info("launch of attempt %s stopped: %s", attempt_id, exc)
-            if _still_wanted(attempt):  # past its deadline while starting
-                stop = RayJobState(RAY_STOPPED, str(exc))
-                attempt_settle(attempt_id, stop, reason="deadline_exceeded")
             return  # cancelled or preempted: that path ends the attempt
         except LaunchError as exc:
             logger.warning("launch of attempt %s failed: %s", attempt_id, exc)
@@ -324,13 +321,11 @@ def attempt_launch(attempt_id: str) -> None:
 
 
 def _abandon_reason(attempt: JobAttempt) -> str:
-    """Why a cluster that is still starting is no longer wanted ('' while it is)."""
+    """Why a cluster that is still starting is no longer wanted ('' while it is). A start's
+    own deadline is the target's start timeout, kept by the launcher; ``max_runtime_seconds``
+    counts from running."""
     if not _still_wanted(attempt):
         return "its attempt was cancelled or preempted"
-    limit = attempt.job.spec.get("max_runtime_seconds") or 0
-    started = attempt.launch_started_at or attempt.created_at
-    if limit and (timezone.now() - started).total_seconds() > limit:
-        return f"its job ran past max_runtime_seconds={limit} while the cluster started"
     return ""
 
 

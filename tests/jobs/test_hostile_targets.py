@@ -47,6 +47,9 @@ def test_ray_address_names_are_resolved_and_every_answer_checked(world, settings
     resolver["ray.acme.test"] = ["93.184.216.34", "10.0.0.1"]
     message = refused(world, {"address": "http://ray.acme.test:8265"})["config.address"][0]
     assert "resolves to 10.0.0.1" in message and "private" in message
+    resolver["metadata.google.internal"] = ["169.254.169.254"]
+    message = refused(world, {"address": "http://metadata.google.internal"})["config.address"][0]
+    assert "metadata" in message
     assert (
         "does not resolve"
         in refused(world, {"address": "http://no-such.invalid:8265"})["config.address"][0]
