@@ -105,9 +105,10 @@ def start_worker(tmp_path_factory, name: str, **extra_env: str) -> Worker:
     return proc
 
 
-@pytest.fixture(scope="module")
-def worker(django_db_setup, django_db_blocker, ray_work_dir, tmp_path_factory):
-    proc = start_worker(
+def start_launch_worker(tmp_path_factory, ray_work_dir: str, **extra_env: str) -> Worker:
+    """A worker that launches local clusters under ``ray_work_dir``, with short intervals so
+    lost work is found again within seconds."""
+    return start_worker(
         tmp_path_factory,
         "worker-var",
         MANTA_LOCAL_RAY_DIR=ray_work_dir,
@@ -115,7 +116,13 @@ def worker(django_db_setup, django_db_blocker, ray_work_dir, tmp_path_factory):
         MANTA_HEARTBEAT_STALE_SECONDS="6",
         MANTA_LEASE_SECONDS="6",
         MANTA_FOLLOW_INTERVAL_SECONDS="0.5",
+        **extra_env,
     )
+
+
+@pytest.fixture(scope="module")
+def worker(django_db_setup, django_db_blocker, ray_work_dir, tmp_path_factory):
+    proc = start_launch_worker(tmp_path_factory, ray_work_dir)
     yield proc
     proc.stop()
 

@@ -13,7 +13,7 @@ from jobs import local_host
 from jobs.execution import job_logs
 from jobs.models import Job
 from tests.conftest import build_world
-from tests.e2e.conftest import start_worker
+from tests.e2e.conftest import start_launch_worker
 from tests.e2e.test_launch import TERMINAL, WS, make_template, py, submit, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
@@ -27,14 +27,7 @@ SHOW_DEVICES = py(
 
 @pytest.fixture(scope="module")
 def gpu_worker(django_db_setup, django_db_blocker, ray_work_dir, tmp_path_factory):
-    proc = start_worker(
-        tmp_path_factory,
-        "gpu-worker-var",
-        MANTA_LOCAL_RAY_DIR=ray_work_dir,
-        MANTA_LOCAL_GPUS="4",
-        MANTA_SWEEP_INTERVAL_SECONDS="2",
-        MANTA_FOLLOW_INTERVAL_SECONDS="0.5",
-    )
+    proc = start_launch_worker(tmp_path_factory, ray_work_dir, MANTA_LOCAL_GPUS="4")
     yield proc
     proc.stop()
 
