@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from jobs.launchers.base import RAY_SUCCEEDED, LaunchError, LaunchRequest
+from jobs.launchers.cgroups import Cgroups
 from jobs.launchers.local import LocalRayLauncher
-from jobs.launchers.sandbox import Cgroups, SandboxSettings
+from jobs.launchers.sandbox import SandboxSettings
 from tests.launchers.test_local_launcher import spec, wait_terminal
 
 SPIN = (
