@@ -1,8 +1,8 @@
 """The Celery app. Broker from ``CELERY_BROKER_URL``: Redis in production and tests, kombu's
-filesystem transport under ``var/`` (no server) by default."""
+filesystem transport under ``var/`` (no server) by default; its folders are set in
+``config/settings.py``, so every process that loads the settings has them."""
 
 import os
-from pathlib import Path
 
 from celery import Celery
 
@@ -10,29 +10,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("manta")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-
-
-def _filesystem_broker_options(var_dir: Path) -> dict:
-    queue = var_dir / "broker" / "queue"
-    processed = var_dir / "broker" / "processed"
-    control = var_dir / "broker" / "control"
-    for folder in (queue, processed, control):
-        folder.mkdir(parents=True, exist_ok=True)
-    return {
-        "data_folder_in": str(queue),
-        "data_folder_out": str(queue),
-        "processed_folder": str(processed),
-        "control_folder": str(control),
-        "store_processed": False,
-    }
-
-
-@app.on_configure.connect
-def _configure_broker(sender: Celery, **_: object) -> None:
-    from django.conf import settings
-
-    if sender.conf.broker_url.startswith("filesystem://"):
-        sender.conf.broker_transport_options = _filesystem_broker_options(settings.VAR_DIR)
 
 
 app.autodiscover_tasks()

@@ -1,5 +1,7 @@
 """Liveness and readiness probes (no authentication, no database writes)."""
 
+import os
+
 from django.db import connection
 from django.http import JsonResponse
 
@@ -21,6 +23,11 @@ def readyz(request):
     try:
         with app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=2)
+            conn.default_channel  # noqa: B018  (opens a channel: what a publish needs)
+        folder = app.conf.broker_transport_options.get("data_folder_out")
+        if folder and not os.access(folder, os.W_OK):
+            # The filesystem transport "connects" to anything; a publish needs this folder.
+            raise OSError(f"the embedded broker's folder {folder} is not writable")
         checks["broker"] = "ok"
     except Exception as exc:
         checks["broker"] = f"error: {exc.__class__.__name__}: {exc}"

@@ -144,6 +144,20 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    # The embedded broker: kombu's filesystem transport, its folders under var/. Set here (not
+    # in a Celery signal, which re-entered the configuration it was called from) so the API,
+    # the worker and `manage.py shell` all find them.
+    _broker = VAR_DIR / "broker"
+    for _folder in ("queue", "processed", "control"):
+        (_broker / _folder).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS.update(
+        data_folder_in=str(_broker / "queue"),
+        data_folder_out=str(_broker / "queue"),
+        processed_folder=str(_broker / "processed"),
+        control_folder=str(_broker / "control"),
+        store_processed=False,
+    )
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE = {
