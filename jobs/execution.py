@@ -171,7 +171,7 @@ def attempts_create(jobs: list[Job]) -> list[JobAttempt]:
     ids = [str(attempt.pk) for attempt in attempts]
     from . import tasks
 
-    transaction.on_commit(lambda: tasks.launch_attempts(ids))
+    transaction.on_commit(lambda: tasks.launch_attempts(ids), robust=True)
     return attempts
 
 
@@ -210,7 +210,9 @@ def attempts_preempt(job_ids: list[int], *, reason: str, for_job: int) -> list[i
     ids = [str(pk) for pk, _ in attempts.values()]
     from . import tasks
 
-    transaction.on_commit(lambda: send_many(tasks.evict_attempt, [(pk,) for pk in ids]))
+    transaction.on_commit(
+        lambda: send_many(tasks.evict_attempt, [(pk,) for pk in ids]), robust=True
+    )
     return [job.pk for job in jobs]
 
 
@@ -386,7 +388,7 @@ def follow_start(attempt_id: str) -> None:
     token = JobAttempt.objects.values_list("follow_token", flat=True).get(pk=attempt_id)
     from . import tasks
 
-    transaction.on_commit(lambda: tasks.follow_attempt.delay(attempt_id, token))
+    transaction.on_commit(lambda: tasks.follow_attempt.delay(attempt_id, token), robust=True)
 
 
 def attempt_follow(attempt_id: str, token: int) -> bool:

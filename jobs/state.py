@@ -336,4 +336,6 @@ def transition_many(
 def run_state_hooks(job: Job) -> None:
     """Schedule the callbacks registered for the job's new state, to run after commit."""
     for callback in _on_state.get(job.state, []):
-        transaction.on_commit(lambda cb=callback, job_id=job.pk: cb(job_id))
+        # robust: a broker that is away must not turn a committed change into an error; the
+        # sweep finds the work the hook would have sent.
+        transaction.on_commit(lambda cb=callback, job_id=job.pk: cb(job_id), robust=True)
