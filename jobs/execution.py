@@ -407,14 +407,21 @@ def attempt_follow(attempt_id: str, token: int) -> bool:
     try:
         state = launcher.status(handle)
     except LaunchError as exc:
-        stale = timezone.now() - (attempt.heartbeat_at or attempt.created_at)
-        if stale.total_seconds() > settings.MANTA_CLUSTER_LOST_SECONDS:
+        # The follower is alive (heartbeat) even when Ray is not: the sweep leaves it be, and
+        # the time since Ray last answered, not since the last follow step, decides the loss.
+        now = timezone.now()
+        JobAttempt.objects.filter(pk=attempt_id).update(heartbeat_at=now)
+        seen = attempt.ray_seen_at or attempt.submitted_at or attempt.created_at
+        if (now - seen).total_seconds() > settings.MANTA_CLUSTER_LOST_SECONDS:
             attempt_settle(attempt_id, RayJobState(RAY_FAILED, str(exc)), reason="cluster_lost")
             return False
-        return True
+        return not _deadline_kept(attempt_id, attempt, job, now)
     now = timezone.now()
     JobAttempt.objects.filter(pk=attempt_id).update(
-        heartbeat_at=now, ray_status=state.status, ray_message=state.message[:4000]
+        heartbeat_at=now,
+        ray_seen_at=now,
+        ray_status=state.status,
+        ray_message=state.message[:4000],
     )
     if state.status in RAY_TERMINAL:
         attempt_settle(attempt_id, state, reason=state.reason)
@@ -422,13 +429,20 @@ def attempt_follow(attempt_id: str, token: int) -> bool:
     if state.status == RAY_RUNNING and job.state == JobState.LAUNCHING:
         JobAttempt.objects.filter(pk=attempt_id).update(state=AttemptState.RUNNING, running_at=now)
         _move(job.pk, JobState.RUNNING, data={"attempt": attempt.number})
+        attempt.running_at = now
+    return not _deadline_kept(attempt_id, attempt, job, now)
+
+
+def _deadline_kept(attempt_id: str, attempt: JobAttempt, job: Job, now) -> bool:
+    """Stop the attempt if it ran past max_runtime_seconds, by Manta's clock whatever Ray
+    answers (or fails to). True when it was stopped."""
     deadline_from = attempt.running_at or attempt.submitted_at or attempt.created_at
     limit = job.spec.get("max_runtime_seconds") or 0
     if limit and (now - deadline_from).total_seconds() > limit:
         message = f"stopped after exceeding max_runtime_seconds={limit}"
         attempt_settle(attempt_id, RayJobState(RAY_STOPPED, message), reason="deadline_exceeded")
-        return False
-    return True
+        return True
+    return False
 
 
 def _move(job_id: int, to_state: str, **kwargs) -> Job | None:

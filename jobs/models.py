@@ -194,7 +194,8 @@ class JobAttempt(models.Model):
     lease_until = models.DateTimeField(null=True, blank=True)
     # Bumped by the sweep when it restarts following; a follow task with an older token stops.
     follow_token = models.PositiveIntegerField(default=0)
-    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)  # a follower is alive
+    ray_seen_at = models.DateTimeField(null=True, blank=True)  # Ray last answered about it
     created_at = models.DateTimeField(auto_now_add=True)
     launch_started_at = models.DateTimeField(null=True, blank=True)  # a worker took it
     cluster_ready_at = models.DateTimeField(null=True, blank=True)

@@ -4,7 +4,9 @@ cluster, cancel, two clusters side by side, and a worker killed mid-job."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
 import uuid
 
@@ -12,6 +14,7 @@ import pytest
 
 from config import secrets
 from jobs.models import Job, JobAttempt, JobEvent
+from quotas.models import Reservation
 from tests.conftest import build_world
 from tests.e2e.conftest import cluster_processes
 
@@ -175,6 +178,33 @@ def test_retry_runs_a_second_attempt_on_a_fresh_cluster(world, ray_work_dir):
     assert kinds.count("retry") == 1
     for attempt in (first, second):
         assert_cluster_gone(attempt, ray_work_dir)
+
+
+def test_head_killed_mid_job_ends_the_attempt_cluster_lost_and_retries(world, ray_work_dir):
+    code = (
+        "import os, time; print('run started', flush=True); "
+        "time.sleep(300 if os.environ['MANTA_ATTEMPT'] == '1' else 0); print('done')"
+    )
+    template = make_template(world, entrypoint=py(code), max_retries=1)
+    job_id = submit(world, template)
+    wait_for(job_id, {"running"})
+    first = JobAttempt.objects.get(job_id=job_id, number=1)
+    head_dir = secrets.decrypt_json(first.handle_encrypted)["nodes"][0]["temp_dir"]
+    killed = []
+    for pid in cluster_processes(head_dir):  # every process of the head node, and only those
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    assert killed
+    job = wait_for(job_id, TERMINAL, timeout=240)
+    assert job.state == "succeeded", (job.failure_reason, job.message)
+    first.refresh_from_db()
+    assert (first.state, first.failure_reason) == ("failed", "cluster_lost")
+    second = JobAttempt.objects.get(job_id=job_id, number=2)
+    assert second.state == "succeeded" and "done" in second.log_archive
+    for attempt in (first, second):
+        assert_cluster_gone(attempt, ray_work_dir)
+    assert not Reservation.objects.filter(job_id=job_id, released_at__isnull=True).exists()
 
 
 def test_cancel_while_running_tears_the_cluster_down(world, ray_work_dir):
