@@ -147,3 +147,16 @@ def check_url(
             )
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return Destination(scheme, host, port, target, str(addresses[0]))
+
+
+def check_compute_address(url: str, allowed_networks: list[str]) -> Destination:
+    """The policy for a Ray cluster's address (a ``ray`` compute target): as for webhooks, over
+    ``MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS``, with plain ``http://`` allowed (Ray's dashboard
+    speaks it). Checked when the target is saved and before every connection."""
+    return check_url(
+        url,
+        allowed_networks=allowed_networks,
+        allow_http=True,
+        what="compute targets",
+        networks_setting="MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS",
+    )

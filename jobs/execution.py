@@ -322,15 +322,6 @@ def attempt_launch(attempt_id: str) -> None:
     follow_start(attempt_id)
 
 
-def _abandon_reason(attempt: JobAttempt) -> str:
-    """Why a cluster that is still starting is no longer wanted ('' while it is). A start's
-    own deadline is the target's start timeout, kept by the launcher; ``max_runtime_seconds``
-    counts from running."""
-    if not _still_wanted(attempt):
-        return "its attempt was cancelled or preempted"
-    return ""
-
-
 def _still_wanted(attempt: JobAttempt) -> bool:
     """The attempt is active and its job is launching (a preempted job may be launching again,
     on a newer attempt)."""
@@ -342,10 +333,13 @@ def _still_wanted(attempt: JobAttempt) -> bool:
 def _start(attempt: JobAttempt, launcher, request: LaunchRequest, target) -> dict[str, Any]:
     if hasattr(launcher, "start_cluster"):
         _stop_orphans(attempt, target)
-        if target.kind == ComputeTargetKind.LOCAL:
-            handle = launcher.start_cluster(request, abandon=lambda: _abandon_reason(attempt))
-        else:
-            handle = launcher.start_cluster(request)
+        # Asked while nodes start: a cancel or preemption stops the start.
+        handle = launcher.start_cluster(
+            request,
+            abandon=lambda: (
+                "" if _still_wanted(attempt) else "its attempt was cancelled or preempted"
+            ),
+        )
     else:  # kuberay: one call creates cluster and submission
         handle = launcher.launch(request)
     now = timezone.now()

@@ -195,7 +195,9 @@ class Ledger:
         return max(shares, default=0.0)
 
 
-def ledger_for(organization_id: int) -> Ledger:
+def ledger_for(organization_id: int, on_host: set[int] | None = None) -> Ledger:
+    """What the organisation holds, against its limits and those of the local host
+    (``on_host``: its workspaces that launch there, when the caller has them already)."""
     held = (
         Reservation.objects.filter(organization_id=organization_id, released_at__isnull=True)
         .values("workspace_id")
@@ -215,7 +217,8 @@ def ledger_for(organization_id: int) -> Ledger:
         ).select_related("workspace")
     }
     period = month_start()
-    on_host = workspaces_on_host(organization_id)
+    if on_host is None:
+        on_host = workspaces_on_host(organization_id)
     host = Usage()
     if on_host:
         totals = Reservation.objects.filter(host=HOST, released_at__isnull=True).aggregate(
@@ -480,11 +483,12 @@ def admit_single_flight(organization_id: int) -> list[int]:
 def _admit_locked(organization_id: int) -> list[int]:
     from jobs.execution import attempts_create, attempts_preempt
 
-    if connection.vendor == "postgresql" and workspaces_on_host(organization_id):
+    on_host = workspaces_on_host(organization_id)
+    if on_host and connection.vendor == "postgresql":
         # The local host is shared by every organisation: one pass at a time reserves on it.
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [ADVISORY_NAMESPACE, HOST_LOCK])
-    ledger = ledger_for(organization_id)
+    ledger = ledger_for(organization_id, on_host)
     quota = ledger.org_quota
     policy = quota.policy if quota else QueuePolicy.FIFO
     max_wait = quota.balanced_max_wait_seconds if quota else 600

@@ -7,6 +7,11 @@ with its own ports and its own ``--temp-dir``. Nodes advertise exactly their spe
 shape it asked for. The head advertises 0 CPUs by default: it only runs the entrypoint, which is
 submitted with ``entrypoint_num_cpus=0``.
 
+Every node of a cluster runs in that cluster's sandbox (``sandbox.py``: its own uid, PID,
+mount, IPC, UTS and network namespaces, cgroups) unless the operator's ``sandbox`` settings say
+``mode: off`` (single-user mode). In a sandbox Ray's ports live in the cluster's own network
+and only the dashboard is forwarded to the host's 127.0.0.1.
+
 Promises:
 
 * Token authentication is always on: a fresh random token per cluster, given to every node as
@@ -24,8 +29,9 @@ Promises:
 * :meth:`stop` is idempotent, never raises, and leaves no process and no temp dir behind.
 
 Not promised: ``min_replicas``/``max_replicas`` (no autoscaling; ``replicas`` nodes are started)
-and ``image`` (nodes run this host's Python and Ray). Ray replaces ``--node-ip-address=127.0.0.1``
-with the host's address, so GCS and raylets listen beyond loopback: the token guards them.
+and ``image`` (nodes run this host's Python and Ray). Without a sandbox, Ray replaces
+``--node-ip-address=127.0.0.1`` with the host's address, so GCS and raylets listen beyond
+loopback: only the token guards them.
 
 Idempotency across a crash: ``launch()`` is ``start_cluster()`` + ``submit()``, but a caller that
 must survive being killed between the two calls them separately::
@@ -48,7 +54,9 @@ Settings read from ``request.target_config`` (all optional):
   Ray puts unix sockets under it and socket paths must stay under 108 bytes.
 * ``start_timeout_seconds`` (120): how long all nodes may take to come up.
 * ``stop_grace_seconds`` (3): SIGTERM-to-SIGKILL delay when stopping.
-* ``object_store_memory_bytes``: plasma store size per node (Ray's default: 30% of host RAM).
+* ``object_store_memory_bytes``: plasma store size per node (default: 30% of its memory).
+* ``sandbox``: the operator's :class:`~.sandbox.SandboxSettings` (never a tenant's: the service
+  sets it over whatever a target config holds).
 """
 
 from __future__ import annotations
@@ -78,7 +86,18 @@ import requests
 
 from . import ray_jobs
 from .base import RAY_FAILED, LaunchAbandoned, LaunchError, LaunchRequest, RayJobState
-from .sandbox import MODE_OFF, MODE_SANDBOX, Sandbox, SandboxSettings, host_support, sandbox_limits
+from .sandbox import (
+    MODE_OFF,
+    MODE_SANDBOX,
+    NAMESPACES,
+    NETWORK_LOOPBACK,
+    NETWORK_NAT,
+    Sandbox,
+    SandboxSettings,
+    egress_available,
+    host_support,
+    sandbox_limits,
+)
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -469,7 +488,7 @@ def _start_cluster_once(
         "isolation": {"mode": settings.mode},
         "nodes": [],
     }
-    names = ["h", *(f"w{number}" for number in range(len(nodes) - 1))]
+    names = _node_names(len(nodes))
     try:
         # Nodes keep their Ray state in <cluster>/s, the only directory a sandbox may write.
         node_root = os.path.join(cluster_dir, "s") if sandboxed else cluster_dir
@@ -483,22 +502,13 @@ def _start_cluster_once(
         deadline = started + timeout
         sandbox = None
         if sandboxed:
-            # A node without a memory spec gets the default the sandbox's limit counts for
-            # it, so Ray never promises more than the cgroup allows.
-            nodes = [
-                {**node, "memory_bytes": node["memory_bytes"] or settings.default_node_memory_bytes}
-                for node in nodes
-            ]
-            stores = {
-                name: _object_store_bytes(node, object_store_bytes, settings)
-                for name, node in zip(names, nodes, strict=True)
-            }
+            nodes, stores = _sandbox_nodes(settings, nodes, object_store_bytes)
             sandbox = Sandbox.create(
                 settings=settings,
                 work_dir=base_dir,
                 cluster_dir=cluster_dir,
                 hostname=request.cluster_name,
-                nodes=[{**node, "name": name} for name, node in zip(names, nodes, strict=True)],
+                nodes=nodes,
                 object_store_bytes=stores,
                 track=_track,
             )
@@ -558,14 +568,30 @@ def _sandbox_ports(count: int) -> list[dict[str, int]]:
     return sets
 
 
-def _object_store_bytes(
-    node: dict[str, Any], configured: int | None, settings: SandboxSettings
-) -> int:
-    """The node's plasma store: the target's setting, else 30% of its memory (Ray's own rule)."""
-    if configured:
-        return configured
-    memory = node["memory_bytes"] or settings.default_node_memory_bytes
-    return max(100 * 1024**2, int(memory * 0.3))
+def _node_names(count: int) -> list[str]:
+    """A cluster's node names: the head, then its workers (short: they are in socket paths)."""
+    return ["h", *(f"w{number}" for number in range(count - 1))]
+
+
+def _sandbox_nodes(
+    settings: SandboxSettings, nodes: list[dict[str, Any]], object_store_bytes: int | None
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The nodes as a sandbox runs them — named, and with the memory its limit counts for a
+    node whose spec names none (so Ray never promises more than the cgroup allows) — and each
+    node's object store: the target's setting, else 30 % of its memory (Ray's own rule)."""
+    named = [
+        {
+            **node,
+            "name": name,
+            "memory_bytes": node["memory_bytes"] or settings.default_node_memory_bytes,
+        }
+        for name, node in zip(_node_names(len(nodes)), nodes, strict=True)
+    ]
+    stores = {
+        node["name"]: object_store_bytes or max(100 * 1024**2, int(node["memory_bytes"] * 0.3))
+        for node in named
+    }
+    return named, stores
 
 
 def _isolation_plan(
@@ -574,21 +600,13 @@ def _isolation_plan(
     """What a launch would enforce, without starting anything."""
     if settings.mode != MODE_SANDBOX:
         return {"mode": settings.mode, "enforced": "nothing: single-user mode"}
-    from .sandbox import NAMESPACES, egress_available
-
-    names = ["h", *(f"w{number}" for number in range(len(nodes) - 1))]
-    named = [{**node, "name": name} for name, node in zip(names, nodes, strict=True)]
     configured = config.get("object_store_memory_bytes")
-    stores = {
-        n["name"]: _object_store_bytes(n, configured and int(configured), settings) for n in named
-    }
+    named, stores = _sandbox_nodes(settings, nodes, configured and int(configured))
     return {
         "mode": MODE_SANDBOX,
         "uid_range": list(settings.uid_range),
         "namespaces": list(NAMESPACES),
-        "network": "loopback + outbound NAT (slirp4netns, no host loopback)"
-        if egress_available(settings)
-        else "loopback only (no egress)",
+        "network": NETWORK_NAT if egress_available(settings) else NETWORK_LOOPBACK,
         "limits": sandbox_limits(settings, named, stores),
         "gpu_inventory": list(settings.gpus),
     }

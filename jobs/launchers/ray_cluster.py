@@ -14,6 +14,7 @@ whatever the shared cluster has (see the README's security section).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from config import ssrf
@@ -54,7 +55,10 @@ class RayClusterLauncher:
             "submission": self._submission(request),
         }
 
-    def start_cluster(self, request: LaunchRequest) -> dict[str, Any]:
+    def start_cluster(
+        self, request: LaunchRequest, *, abandon: Callable[[], str] | None = None
+    ) -> dict[str, Any]:
+        """The handle of the shared cluster (nothing starts, so nothing to abandon)."""
         return {
             "address": self.address,
             "dashboard_url": self.address,
@@ -71,13 +75,7 @@ class RayClusterLauncher:
 
     def _client(self):
         try:
-            where = ssrf.check_url(
-                self.address,
-                allowed_networks=self.allowed_networks,
-                allow_http=True,
-                what="compute targets",
-                networks_setting="MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS",
-            )
+            where = ssrf.check_compute_address(self.address, self.allowed_networks)
         except ssrf.UnsafeURL as exc:
             raise LaunchError(f"the ray target's address is refused: {exc}") from exc
         if where.scheme == "https":

@@ -58,6 +58,9 @@ DRAIN_WAIT = 5.0
 # Where hosts keep other users' files, sockets (PostgreSQL's, Docker's) and mounted secrets.
 ALWAYS_HIDDEN = ("/root", "/home", "/run", "/srv", "/mnt", "/media")
 
+NETWORK_NAT = "loopback + outbound NAT (slirp4netns, no host loopback)"
+NETWORK_LOOPBACK = "loopback only (no egress)"
+
 MODE_SANDBOX = "sandbox"
 MODE_OFF = "off"
 
@@ -296,8 +299,8 @@ class Sandbox:
             )
             state["cgroups"] = sandbox.cgroups.state
             state["limits"] = limits
-            sandbox._start_init(settings, cluster_dir, hostname, track)
-            sandbox._start_egress(settings, track)
+            exit_r = sandbox._start_init(settings, cluster_dir, hostname, track)
+            sandbox._start_egress(settings, track, exit_r)
         except BaseException:
             sandbox.destroy()
             raise
@@ -305,7 +308,9 @@ class Sandbox:
 
     def _start_init(
         self, settings: SandboxSettings, cluster_dir: str, hostname: str, track: Callable
-    ) -> None:
+    ) -> int:
+        """Start the init; returns the read end of the pipe whose write end only the init
+        holds (slirp4netns exits when it closes)."""
         state = self.state
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("127.0.0.1", 0))
@@ -313,7 +318,7 @@ class Sandbox:
         state["forward_port"] = listener.getsockname()[1]
         state["dashboard_port"] = 8265
         ready_r, ready_w = os.pipe()
-        exit_r, exit_w = os.pipe()  # slirp4netns exits when the init (holding exit_w) is gone
+        exit_r, exit_w = os.pipe()
         resolv = os.path.join(cluster_dir, "resolv.conf")
         with open(resolv, "w") as f:
             f.write("nameserver 10.0.2.3\n")  # slirp4netns's DNS forwarder
@@ -330,16 +335,7 @@ class Sandbox:
             "ready_fd": ready_w,
             "listen_fd": listener.fileno(),
             "forward_port": state["dashboard_port"],
-            "hide": [
-                "/root",
-                "/home",
-                "/run",
-                "/srv",
-                "/mnt",
-                "/media",
-                *settings.hide,
-                state["work_dir"],
-            ],
+            "hide": [*ALWAYS_HIDDEN, *settings.hide, state["work_dir"]],
             "scratch": {
                 "/tmp": 4 * GIB,
                 "/var/tmp": 4 * GIB,
@@ -398,13 +394,12 @@ class Sandbox:
             raise LaunchError(f"the cluster's sandbox did not start:\n{_read_tail(log_path)}")
         state["init_pid"] = int(line)
         state["init_start"] = _start_time(state["init_pid"])
-        state["exit_fd_pending"] = exit_r  # handed to slirp4netns, then closed
+        return exit_r
 
-    def _start_egress(self, settings: SandboxSettings, track: Callable) -> None:
-        exit_r = self.state.pop("exit_fd_pending")
+    def _start_egress(self, settings: SandboxSettings, track: Callable, exit_r: int) -> None:
         try:
             if not egress_available(settings):
-                self.state["network"] = "loopback only (no egress)"
+                self.state["network"] = NETWORK_LOOPBACK
                 return
             ready_r, ready_w = os.pipe()
             command = [
@@ -437,7 +432,7 @@ class Sandbox:
                 os.close(ready_r)
             if not ready:
                 raise LaunchError("slirp4netns did not configure the sandbox's network")
-            self.state["network"] = "loopback + outbound NAT (slirp4netns, no host loopback)"
+            self.state["network"] = NETWORK_NAT
         finally:
             os.close(exit_r)
 

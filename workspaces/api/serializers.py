@@ -4,7 +4,6 @@ from drf_spectacular.utils import OpenApiExample, extend_schema_serializer
 from rest_framework import serializers
 
 from config import ssrf
-from config.ssrf import UnsafeURL
 from notifications.emails import CATEGORIES as EMAIL_CATEGORIES
 from workspaces import kubeconfig
 from workspaces.models import (
@@ -223,18 +222,6 @@ class MemberOutput(serializers.ModelSerializer):
 # --- compute targets ---------------------------------------------------------------------------
 
 
-def check_compute_address(url: str):
-    """The SSRF policy for a Ray cluster's address: as for webhooks, but over the networks in
-    MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS, and plain http:// allowed (Ray's dashboard)."""
-    return ssrf.check_url(
-        url,
-        allowed_networks=settings.MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS,
-        allow_http=True,
-        what="compute targets",
-        networks_setting="MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS",
-    )
-
-
 class LocalTargetConfig(serializers.Serializer):
     start_timeout_seconds = serializers.IntegerField(min_value=10, max_value=1800, required=False)
     object_store_memory_bytes = serializers.IntegerField(
@@ -252,8 +239,8 @@ class RayTargetConfig(serializers.Serializer):
 
     def validate_address(self, value: str) -> str:
         try:
-            check_compute_address(value)
-        except UnsafeURL as exc:
+            ssrf.check_compute_address(value, settings.MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS)
+        except ssrf.UnsafeURL as exc:
             raise serializers.ValidationError(str(exc)) from exc
         return value
 
