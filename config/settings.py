@@ -178,25 +178,78 @@ MANTA_HEARTBEAT_STALE_SECONDS = env.float("MANTA_HEARTBEAT_STALE_SECONDS", defau
 MANTA_LEASE_SECONDS = env.float("MANTA_LEASE_SECONDS", default=30.0)
 MANTA_CLUSTER_LOST_SECONDS = env.float("MANTA_CLUSTER_LOST_SECONDS", default=60.0)
 
-# The `local` target's isolation (jobs/launchers/sandbox.py) and capacity (jobs/local_host.py).
+
+# The `local` target's isolation (jobs/launchers/sandbox.py) and capacity (jobs/local_host.py):
+# operator settings, checked here so a bad value stops every process at start, naming itself.
+def _refuse(name: str, rule: str):
+    raise ImproperlyConfigured(f"{name}: {rule}")
+
+
+def _local_number(name: str, default: float, *, low: float, high: float, kind=float):
+    try:
+        value = (env.int if kind is int else env.float)(name, default=default)
+    except ValueError:
+        _refuse(name, f"must be a {'whole ' if kind is int else ''}number")
+    if not low <= value <= high:
+        _refuse(name, f"must be between {low:g} and {high:g}, not {value:g}")
+    return value
+
+
 # "sandbox": every cluster in its own uid, namespaces and cgroups (needs root, util-linux);
 # "off": single-user mode, nodes run as the worker's user and see the whole host.
 MANTA_LOCAL_ISOLATION = env.str("MANTA_LOCAL_ISOLATION", default="sandbox")
 if MANTA_LOCAL_ISOLATION not in ("sandbox", "off"):
-    raise ImproperlyConfigured("MANTA_LOCAL_ISOLATION must be 'sandbox' or 'off'")
-MANTA_LOCAL_UID_RANGE = env.str("MANTA_LOCAL_UID_RANGE", default="3000000-3099999")
+    _refuse("MANTA_LOCAL_ISOLATION", "must be 'sandbox' or 'off'")
+_uid_range = env.str("MANTA_LOCAL_UID_RANGE", default="3000000-3099999")
+try:
+    _low, _high = (int(part) for part in _uid_range.split("-"))
+except ValueError:
+    _refuse("MANTA_LOCAL_UID_RANGE", f"must be LOW-HIGH, e.g. 3000000-3099999, not {_uid_range!r}")
+if not 1000 <= _low <= _high < 2**31 - 1:
+    _refuse("MANTA_LOCAL_UID_RANGE", "must lie within 1000..2147483646, low <= high")
+MANTA_LOCAL_UID_RANGE = (_low, _high)
 MANTA_LOCAL_EGRESS = env.bool("MANTA_LOCAL_EGRESS", default=True)  # pip etc. via slirp4netns
-# GPU inventory: "auto" (nvidia-smi), "" (none: GPUs are logical only), "4" or "0,1,2,3".
-MANTA_LOCAL_GPUS = env.str("MANTA_LOCAL_GPUS", default="auto")
-MANTA_LOCAL_PIDS_PER_NODE = env.int("MANTA_LOCAL_PIDS_PER_NODE", default=1024)
-MANTA_LOCAL_NODE_OVERHEAD_GB = env.float("MANTA_LOCAL_NODE_OVERHEAD_GB", default=1.0)
-MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB = env.float("MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB", default=2.0)
+# GPU inventory: "auto" (nvidia-smi), "" (none: GPUs are logical only), "4" or "0,1,2,3";
+# held as "auto" or the device indices.
+_gpus = env.str("MANTA_LOCAL_GPUS", default="auto").strip()
+if _gpus == "auto":
+    MANTA_LOCAL_GPUS: str | tuple[str, ...] = "auto"
+elif _gpus.isdigit():
+    if int(_gpus) > 1024:
+        _refuse("MANTA_LOCAL_GPUS", "a count of at most 1024, or device indices such as 0,1,2,3")
+    MANTA_LOCAL_GPUS = tuple(str(i) for i in range(int(_gpus)))
+elif all(part.strip().isdigit() for part in _gpus.split(",") if part.strip()):
+    MANTA_LOCAL_GPUS = tuple(dict.fromkeys(p.strip() for p in _gpus.split(",") if p.strip()))
+else:
+    _refuse("MANTA_LOCAL_GPUS", "must be 'auto', a count or device indices such as 0,1,2,3")
+MANTA_LOCAL_PIDS_PER_NODE = _local_number(
+    "MANTA_LOCAL_PIDS_PER_NODE", 1024, low=64, high=1_000_000, kind=int
+)
+MANTA_LOCAL_NODE_OVERHEAD_GB = _local_number(
+    "MANTA_LOCAL_NODE_OVERHEAD_GB", 1.0, low=0.25, high=1024
+)
+MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB = _local_number(
+    "MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB", 2.0, low=0.25, high=4096
+)
 MANTA_LOCAL_HIDE_PATHS = env.list("MANTA_LOCAL_HIDE_PATHS", default=[])
-# What admission may place on this host, over all organisations: e.g. "cpu=8,memory_gb=32,gpu=4";
+if any(not path.startswith("/") or path.rstrip("/") == "" for path in MANTA_LOCAL_HIDE_PATHS):
+    _refuse("MANTA_LOCAL_HIDE_PATHS", "must be absolute paths other than /")
+# What admission may place on this host over all organisations: e.g. "cpu=8,memory_gb=32,gpu=4";
 # a resource not named is this host's, less the reserve kept for the service itself.
-MANTA_LOCAL_CAPACITY = env.dict("MANTA_LOCAL_CAPACITY", default={})
-MANTA_LOCAL_RESERVE_CPU = env.float("MANTA_LOCAL_RESERVE_CPU", default=0.0)
-MANTA_LOCAL_RESERVE_MEMORY_GB = env.float("MANTA_LOCAL_RESERVE_MEMORY_GB", default=2.0)
+MANTA_LOCAL_CAPACITY = {}
+for _name, _value in env.dict("MANTA_LOCAL_CAPACITY", default={}).items():
+    if _name not in ("cpu", "memory_gb", "gpu"):
+        _refuse("MANTA_LOCAL_CAPACITY", f"unknown resource {_name!r}; use cpu, memory_gb, gpu")
+    try:
+        MANTA_LOCAL_CAPACITY[_name] = float(_value)
+    except ValueError:
+        _refuse("MANTA_LOCAL_CAPACITY", f"{_name} must be a number, not {_value!r}")
+    if not 0 <= MANTA_LOCAL_CAPACITY[_name] < 1e9:
+        _refuse("MANTA_LOCAL_CAPACITY", f"{_name} must be a non-negative number")
+MANTA_LOCAL_RESERVE_CPU = _local_number("MANTA_LOCAL_RESERVE_CPU", 0.0, low=0, high=4096)
+MANTA_LOCAL_RESERVE_MEMORY_GB = _local_number(
+    "MANTA_LOCAL_RESERVE_MEMORY_GB", 2.0, low=0, high=1_000_000
+)
 
 # Compute targets are tenant input too (workspaces/api/serializers.py). A `ray` target's address
 # must be public unless it lies in one of these networks (the compose file lists its own);

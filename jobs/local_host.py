@@ -24,20 +24,16 @@ HOST = "local"  # what a reservation on this host records in Reservation.host
 @functools.cache
 def gpu_inventory() -> tuple[str, ...]:
     """The device indices of this host's GPUs: ``MANTA_LOCAL_GPUS``, or what nvidia-smi lists."""
-    raw = settings.MANTA_LOCAL_GPUS.strip()
-    if raw == "auto":
+    if settings.MANTA_LOCAL_GPUS == "auto":
         return detect_gpus()
-    if raw.isdigit():
-        return tuple(str(i) for i in range(int(raw)))
-    return tuple(part.strip() for part in raw.split(",") if part.strip())
+    return tuple(settings.MANTA_LOCAL_GPUS)
 
 
 def sandbox_settings() -> SandboxSettings:
     """The operator's isolation settings (a tenant's target config never reaches them)."""
-    low, _, high = settings.MANTA_LOCAL_UID_RANGE.partition("-")
     return SandboxSettings(
         mode=settings.MANTA_LOCAL_ISOLATION,
-        uid_range=(int(low), int(high or low)),
+        uid_range=settings.MANTA_LOCAL_UID_RANGE,
         egress=settings.MANTA_LOCAL_EGRESS,
         # The service's own files (code, settings, the embedded database and broker) stay
         # out of sight; the interpreter and its packages are shown again read-only.
@@ -62,7 +58,7 @@ def capacity() -> dict[str, float | None]:
     }
     for name in found:
         if name in configured:
-            found[name] = float(configured[name])
+            found[name] = configured[name]
     return found
 
 

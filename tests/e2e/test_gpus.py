@@ -34,7 +34,8 @@ def gpu_worker(django_db_setup, django_db_blocker, ray_work_dir, tmp_path_factor
 
 @pytest.fixture
 def world(gpu_worker, transactional_db, settings):
-    settings.MANTA_LOCAL_GPUS = "4"  # this process explains and checks submissions too
+    # this process explains and checks submissions too
+    settings.MANTA_LOCAL_GPUS = ("0", "1", "2", "3")
     local_host.gpu_inventory.cache_clear()
     yield build_world()
     local_host.gpu_inventory.cache_clear()

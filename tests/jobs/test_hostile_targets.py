@@ -4,6 +4,8 @@ service is refused at save with a 400 naming the field and the rule, and nothing
 import pytest
 import yaml
 
+from tests.conftest import SYSTEM
+from tests.jobs.conftest import counter_spec
 from tests.jobs.test_compute_targets import KUBECONFIG, TARGETS
 from tests.notifications.test_ssrf import INTERNAL_ADDRESSES, resolver  # noqa: F401
 from workspaces.models import ComputeTarget
@@ -135,3 +137,58 @@ def test_in_cluster_only_where_the_deployment_allows_it(world, settings):
 def test_an_inline_kubeconfig_is_fine(world):
     body = {"name": "t", "kind": "kuberay", "config": {"kubeconfig": KUBECONFIG}}
     assert world.client("org_admin").post(TARGETS, body, format="json").status_code == 201
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"sandbox": {"mode": "off"}},
+        {"work_dir": "/"},
+        {"start_timeout_seconds": 10**12},
+        {"object_store_memory_bytes": -1},
+        {"allowed_networks": ["0.0.0.0/0"]},
+    ],
+    ids=["sandbox", "work_dir", "huge-timeout", "negative-store", "allowed-networks"],
+)
+def test_local_target_configs_cannot_reach_operator_settings(world, config):
+    errors = refused(world, config, kind="local")
+    assert [key for key in errors if key.startswith("config.")], errors
+
+
+def test_operator_settings_win_over_a_stored_config(world, settings):
+    """Even a row that bypassed the API (an old one, a database edit) cannot switch isolation
+    off or widen what a ray target may reach: the worker applies the operator's settings."""
+    from jobs import services as job_services
+    from jobs.execution import resolve_target
+    from tests.jobs.conftest import submit
+
+    settings.MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS = []
+    ComputeTarget.objects.create(
+        organization=world.org, name="mine", kind="local",
+        config={"sandbox": {"mode": "off", "uid_range": [0, 0]}},
+    )  # fmt: skip
+    ComputeTarget.objects.create(
+        organization=world.org, name="ray", kind="ray",
+        config={"address": "http://127.0.0.1:8265", "allowed_networks": ["0.0.0.0/0"]},
+    )  # fmt: skip
+    template = job_services.template_create(
+        actor=SYSTEM, workspace=world.ws, name="t", spec=counter_spec()
+    ).template
+    job = submit(world, template)
+    for name, check in (
+        ("mine", lambda c: c["sandbox"]["mode"] == "sandbox" and c["sandbox"]["uid_range"][0] > 0),
+        ("ray", lambda c: c["allowed_networks"] == []),
+    ):
+        world.ws.compute_target = name
+        world.ws.save(update_fields=["compute_target"])
+        job.workspace.refresh_from_db()
+        assert check(resolve_target(job).config), name
+
+
+def test_max_nodes_per_job_refuses_hostile_numbers(world):
+    for value in (0, -3, 10**12, "lots", None):
+        response = world.client("owner").patch(
+            "/api/v1/orgs/acme/", {"max_nodes_per_job": value}, format="json"
+        )
+        assert response.status_code == 400, (value, response.content)
+        assert "max_nodes_per_job" in response.json()["errors"]

@@ -19,7 +19,7 @@ from workspaces.models import ComputeTarget
 
 @pytest.fixture
 def four_gpus(settings):
-    settings.MANTA_LOCAL_GPUS = "4"
+    settings.MANTA_LOCAL_GPUS = ("0", "1", "2", "3")
     settings.MANTA_LOCAL_CAPACITY = {}
     local_host.gpu_inventory.cache_clear()
     yield
@@ -41,9 +41,9 @@ def test_capacity_is_the_hosts_less_the_reserve(settings, four_gpus):
     capacity = local_host.capacity()
     assert capacity["cpu"] == (local_host.os.cpu_count() or 1) - 0.5
     assert capacity["gpu"] == 4.0
-    settings.MANTA_LOCAL_CAPACITY = {"cpu": "3", "gpu": "2"}
+    settings.MANTA_LOCAL_CAPACITY = {"cpu": 3.0, "gpu": 2.0}
     assert local_host.capacity()["cpu"] == 3.0 and local_host.capacity()["gpu"] == 2.0
-    settings.MANTA_LOCAL_GPUS = ""
+    settings.MANTA_LOCAL_GPUS = ()
     local_host.gpu_inventory.cache_clear()
     settings.MANTA_LOCAL_CAPACITY = {}
     assert local_host.capacity()["gpu"] is None  # logical GPUs only: not capped here

@@ -1,0 +1,57 @@
+"""The local target's operator settings are checked when the settings load: a bad value stops
+the process at start with an error naming the variable, instead of failing a launch (or every
+submission) later. Each case loads config.settings in a clean process, as `make serve` does."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(**env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "import config.settings as s; print(s.MANTA_LOCAL_GPUS)"],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "MANTA_VAR_DIR": "/tmp/manta-settings-check", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "rule"),
+    [
+        ("MANTA_LOCAL_ISOLATION", "sometimes", "'sandbox' or 'off'"),
+        ("MANTA_LOCAL_UID_RANGE", "0-0", "within 1000"),  # root
+        ("MANTA_LOCAL_UID_RANGE", "5000-4000", "low <= high"),
+        ("MANTA_LOCAL_UID_RANGE", "abc", "LOW-HIGH"),
+        ("MANTA_LOCAL_UID_RANGE", "1000-99999999999", "within 1000"),
+        ("MANTA_LOCAL_GPUS", "../../etc/passwd", "device indices"),
+        ("MANTA_LOCAL_GPUS", "99999999", "device indices"),
+        ("MANTA_LOCAL_PIDS_PER_NODE", "-1", "between 64"),
+        ("MANTA_LOCAL_PIDS_PER_NODE", "lots", "whole number"),
+        ("MANTA_LOCAL_NODE_OVERHEAD_GB", "1e400", "between"),
+        ("MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB", "0", "between 0.25"),
+        ("MANTA_LOCAL_HIDE_PATHS", "relative/dir", "absolute paths"),
+        ("MANTA_LOCAL_HIDE_PATHS", "/", "other than /"),
+        ("MANTA_LOCAL_CAPACITY", "cpu=abc", "cpu must be a number"),
+        ("MANTA_LOCAL_CAPACITY", "cpus=8", "unknown resource 'cpus'"),
+        ("MANTA_LOCAL_CAPACITY", "gpu=-4", "non-negative"),
+        ("MANTA_LOCAL_RESERVE_CPU", "-1", "between 0"),
+    ],
+)
+def test_a_bad_local_setting_stops_the_process_naming_it(name, value, rule):
+    done = load(**{name: value})
+    assert done.returncode != 0
+    assert "ImproperlyConfigured" in done.stderr and f"{name}:" in done.stderr, done.stderr[-800:]
+    assert rule in done.stderr, done.stderr[-800:]
+
+
+def test_good_local_settings_load():
+    done = load(MANTA_LOCAL_GPUS="0,2,2", MANTA_LOCAL_CAPACITY="cpu=8,gpu=2")
+    assert done.returncode == 0, done.stderr[-800:]
+    assert done.stdout.strip() == "('0', '2')"
