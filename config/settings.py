@@ -177,6 +177,9 @@ MANTA_FOLLOW_INTERVAL_SECONDS = env.float("MANTA_FOLLOW_INTERVAL_SECONDS", defau
 MANTA_HEARTBEAT_STALE_SECONDS = env.float("MANTA_HEARTBEAT_STALE_SECONDS", default=30.0)
 MANTA_LEASE_SECONDS = env.float("MANTA_LEASE_SECONDS", default=30.0)
 MANTA_CLUSTER_LOST_SECONDS = env.float("MANTA_CLUSTER_LOST_SECONDS", default=60.0)
+# A dead worker node is started again this many times per attempt; one more loss fails the
+# attempt (node_failures).
+MANTA_NODE_RESTARTS = env.int("MANTA_NODE_RESTARTS", default=3)
 
 
 # The `local` target's isolation (jobs/launchers/sandbox.py) and capacity (jobs/local_host.py):

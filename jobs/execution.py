@@ -48,10 +48,11 @@ from .launchers.base import (
     LaunchAbandoned,
     LaunchError,
     LaunchRequest,
+    NodeFailures,
     RayJobState,
 )
 from .models import ATTEMPT_ACTIVE, AttemptState, Job, JobAttempt, JobState
-from .state import InvalidTransition, transition, transition_many
+from .state import InvalidTransition, record_event, transition, transition_many
 
 logger = logging.getLogger(__name__)
 SYSTEM = Actor.system("worker")
@@ -420,11 +421,47 @@ def attempt_follow(attempt_id: str, token: int) -> bool:
     if state.status in RAY_TERMINAL:
         attempt_settle(attempt_id, state, reason=state.reason)
         return False
+    try:
+        _heal(attempt, launcher, handle)
+    except NodeFailures as exc:
+        attempt_settle(attempt_id, RayJobState(RAY_FAILED, str(exc)), reason="node_failures")
+        return False
     if state.status == RAY_RUNNING and job.state == JobState.LAUNCHING:
         JobAttempt.objects.filter(pk=attempt_id).update(state=AttemptState.RUNNING, running_at=now)
         _move(job.pk, JobState.RUNNING, data={"attempt": attempt.number})
         attempt.running_at = now
     return not _deadline_kept(attempt_id, attempt, job, now)
+
+
+def _heal(attempt: JobAttempt, launcher, handle: dict[str, Any]) -> None:
+    """Start the cluster's dead worker nodes again, store the new handle, and say so on the
+    job's timeline (``node_restarted``) and as a ``job.node_restarted`` event."""
+    restarted = launcher.heal(handle, max_restarts=settings.MANTA_NODE_RESTARTS)
+    if not restarted:
+        return
+    with transaction.atomic():
+        JobAttempt.objects.filter(pk=attempt.pk).update(
+            handle_encrypted=secrets.encrypt_json(handle)
+        )
+        job = Job.objects.select_for_update().select_related("workspace", "organization")
+        job = job.get(pk=attempt.job_id)
+        for node in restarted:
+            record_event(
+                job,
+                from_state=job.state,
+                kind="node_restarted",
+                actor=SYSTEM,
+                reason=f"Ray worker node {node['name']} ({node.get('group')}) died and was "
+                f"started again ({node['restarts']} of {settings.MANTA_NODE_RESTARTS})",
+                data={
+                    "attempt": attempt.number,
+                    "node": node["name"],
+                    "group": node.get("group"),
+                    "restarts": node["restarts"],
+                },
+                audit_action="job.node_restarted",
+                changes={"restarts": [node["restarts"] - 1, node["restarts"]]},
+            )
 
 
 def _deadline_kept(attempt_id: str, attempt: JobAttempt, job: Job, now) -> bool:
@@ -450,7 +487,9 @@ def _move(job_id: int, to_state: str, **kwargs) -> Job | None:
 # --- the end of an attempt ---------------------------------------------------------------------
 
 
-RETRYABLE = frozenset({"entrypoint_failed", "launch_failed", "cluster_lost", "stopped"})
+RETRYABLE = frozenset(
+    {"entrypoint_failed", "launch_failed", "cluster_lost", "node_failures", "stopped"}
+)
 
 
 def attempt_settle(attempt_id: str, state: RayJobState, *, reason: str = "") -> None:

@@ -57,6 +57,7 @@ EVENT_TYPES = {
     "failed": "job.failed",
     "cancelled": "job.cancelled",
     "preempted": "job.preempted",
+    "node_restarted": "job.node_restarted",
 }
 
 

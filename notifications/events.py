@@ -134,6 +134,7 @@ EVENT_TYPES: dict[str, EventType] = {
         _job("job.failed", "A job failed"),
         _job("job.cancelled", "A job was cancelled"),
         _job("job.preempted", "A running job was preempted and queued again"),
+        _job("job.node_restarted", "A dead worker node of a job's cluster was started again"),
         EventType(
             "quota.threshold_reached",
             "A workspace used 80 % or 100 % of its monthly GPU-hour budget",

@@ -63,6 +63,11 @@ class LaunchAbandoned(LaunchError):
     its deadline): the start stopped and what had started is torn down."""
 
 
+class NodeFailures(LaunchError):
+    """A node of the cluster died more often than it may be restarted: the attempt fails with
+    reason ``node_failures``."""
+
+
 class Launcher(Protocol):
     kind: str
 
@@ -81,6 +86,12 @@ class Launcher(Protocol):
 
     def logs(self, handle: dict[str, Any], *, tail: int | None = None) -> str:
         """The driver log so far (the last ``tail`` lines when given)."""
+
+    def heal(self, handle: dict[str, Any], *, max_restarts: int) -> list[dict[str, Any]]:
+        """Bring back the cluster's dead worker nodes, with the same spec; returns the nodes
+        restarted (the handle, updated in place, must then be stored again). Raises
+        NodeFailures once a node died more than ``max_restarts`` times. Launchers whose
+        cluster heals itself (kuberay) or is not ours (ray) return []."""
 
     def stop(self, handle: dict[str, Any]) -> None:
         """Stop the Ray job and tear down whatever launch() started. Idempotent, never raises for

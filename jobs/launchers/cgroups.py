@@ -99,6 +99,7 @@ class Cgroups:
             procs = [*common, *(os.path.join(d, "cgroup.procs") for d in {node_cpu, node_acct})]
             self.state["nodes"][node] = {
                 "procs": procs,
+                "own": os.path.join(node_cpu, "cgroup.procs"),  # the node's processes only
                 "usage": os.path.join(node_acct, "cpuacct.usage"),
             }
 
@@ -121,6 +122,7 @@ class Cgroups:
             _write(os.path.join(leaf, "cpu.max"), f"{int(count * CFS_PERIOD_US)} {CFS_PERIOD_US}")
             self.state["nodes"][node] = {
                 "procs": [os.path.join(leaf, "cgroup.procs")],
+                "own": os.path.join(leaf, "cgroup.procs"),
                 "usage": os.path.join(leaf, "cpu.stat"),
             }
 
@@ -129,6 +131,12 @@ class Cgroups:
 
     def node_procs(self, node: str) -> list[str]:
         return list(self.state["nodes"][node]["procs"])
+
+    def node_pids(self, node: str) -> set[int]:
+        """The processes of one node (not those of the whole cluster's groups it is in too)."""
+        with contextlib.suppress(OSError), open(self.state["nodes"][node]["own"]) as f:
+            return {int(line) for line in f if line.strip()}
+        return set()
 
     def pids(self) -> set[int]:
         """Every process of the cluster (v2: of every leaf under it)."""

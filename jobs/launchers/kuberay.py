@@ -291,7 +291,9 @@ def _worker_groups(
                 "rayStartParams": params,
                 "template": {
                     "metadata": {"labels": dict(labels)},
-                    "spec": {"containers": [container]},
+                    # A worker node whose Ray processes die restarts in place and joins
+                    # the head again (KubeRay recreates a pod that is deleted or evicted).
+                    "spec": {"restartPolicy": "Always", "containers": [container]},
                 },
             }
         )
@@ -651,6 +653,11 @@ class KubeRayLauncher:
             return response.data.decode("utf-8", errors="replace")
         finally:
             response.release_conn()
+
+    def heal(self, handle: dict[str, Any], *, max_restarts: int) -> list[dict[str, Any]]:
+        # KubeRay heals worker nodes itself: their pods restart in place (restartPolicy
+        # Always, see _worker_groups) and the RayCluster controller recreates a deleted one.
+        return []
 
     def stop(self, handle: dict[str, Any]) -> None:
         """Delete the RayJob with foreground propagation (KubeRay's finalizer stops the Ray job,

@@ -85,7 +85,14 @@ from typing import TYPE_CHECKING, Any
 import requests
 
 from . import ray_jobs
-from .base import RAY_FAILED, LaunchAbandoned, LaunchError, LaunchRequest, RayJobState
+from .base import (
+    RAY_FAILED,
+    LaunchAbandoned,
+    LaunchError,
+    LaunchRequest,
+    NodeFailures,
+    RayJobState,
+)
 from .sandbox import (
     MODE_OFF,
     MODE_SANDBOX,
@@ -96,6 +103,7 @@ from .sandbox import (
     SandboxSettings,
     egress_available,
     host_support,
+    process_start_time,
     sandbox_limits,
 )
 
@@ -389,6 +397,57 @@ class LocalRayLauncher:
         except requests.RequestException:
             return False
 
+    def heal(self, handle: dict[str, Any], *, max_restarts: int) -> list[dict[str, Any]]:
+        """Start again, with the same spec, ports and sandbox, every worker node whose process
+        is gone; Ray then retries the tasks it lost there. Returns the records of the nodes
+        restarted (the handle is updated in place and on disk: the caller stores it).
+
+        A node may be restarted ``max_restarts`` times; one more loss raises NodeFailures.
+        A lost head is not healed here: without its GCS the cluster is lost (``status``
+        says so) and the attempt ends ``cluster_lost``.
+        """
+        _reap()
+        nodes = handle.get("nodes") or []
+        sandbox = _sandbox_of(handle)
+        if not nodes or not _node_alive(nodes[0]):
+            return []
+        if sandbox is not None and not sandbox.init_alive():
+            return []
+        restarted = []
+        for number, node in enumerate(nodes):
+            if node.get("role") == "head" or _node_alive(node):
+                continue
+            restarts = node.get("restarts", 0) + 1
+            if restarts > max_restarts or "spec" not in node:
+                raise NodeFailures(
+                    f"Ray worker node {node['name']} ({node.get('group')}) died "
+                    f"{restarts} times; it is restarted at most {max_restarts} times"
+                )
+            _kill_node(handle, node, sandbox)
+            logger.warning(
+                "Ray worker node %s of cluster %s died; starting it again (%d of %d)",
+                node["name"],
+                handle.get("cluster_name"),
+                restarts,
+                max_restarts,
+            )
+            record = _start_node(
+                handle,
+                {**{k: node[k] for k in ("role", "group", "index") if k in node}, **node["spec"]},
+                node["name"],
+                node["ports"],
+                _node_env(handle["token"], None if sandbox else handle["temp_dir"]),
+                node.get("object_store_bytes"),
+                sandbox,
+                os.path.dirname(node["temp_dir"]),
+                restarts=restarts,
+            )
+            nodes[number] = record
+            restarted.append(record)
+        if restarted:
+            _write_handle(handle)
+        return restarted
+
     def client(self, handle: dict[str, Any]) -> JobSubmissionClient:
         """An authenticated JobSubmissionClient for the cluster (cached per cluster)."""
         key = (handle["dashboard_url"], handle["token"])
@@ -492,7 +551,7 @@ def _start_cluster_once(
     try:
         # Nodes keep their Ray state in <cluster>/s, the only directory a sandbox may write.
         node_root = os.path.join(cluster_dir, "s") if sandboxed else cluster_dir
-        longest = os.path.join(node_root, names[-1])
+        longest = os.path.join(node_root, f"{names[-1]}r9")  # a node's name once restarted
         if len(longest) + _SOCKET_SUFFIX_LEN > _MAX_UNIX_SOCKET_PATH:
             raise LaunchError(
                 f"work_dir {base_dir!r} is too long: Ray's unix socket paths under it would "
@@ -533,7 +592,9 @@ def _start_cluster_once(
 
         for number, (name, node, ports) in enumerate(zip(names, nodes, port_sets, strict=True)):
             abandon.check()
-            _start_node(handle, node, name, ports, env, stores[name], sandbox, node_root)
+            record = _start_node(handle, node, name, ports, env, stores[name], sandbox, node_root)
+            handle["nodes"].append(record)
+            _write_handle(handle)  # now, so that even a crash during start-up leaves it findable
             if number == 0:
                 _wait_for_gcs(handle, deadline, abandon)
                 logger.debug(
@@ -635,6 +696,27 @@ def _nodes_running(handle: dict[str, Any]) -> bool:
     return all(n["pid"] in running for n in nodes)
 
 
+def _node_alive(node: dict[str, Any]) -> bool:
+    """The node's ``ray start --block`` still runs (the same process, not a later one that
+    reuses its pid; a zombie is dead). It exits once any Ray process of its node dies."""
+    start = process_start_time(node["pid"])
+    return start is not None and start == node.get("start", start)
+
+
+def _kill_node(handle: dict[str, Any], node: dict[str, Any], sandbox: Sandbox | None) -> None:
+    """Kill what is left of a dead node (workers it started may linger) before it starts
+    again: in a sandbox, every process of the node's cgroup; else the cluster's processes in
+    its process group."""
+    if sandbox is not None:
+        pids = sandbox.cgroups.node_pids(node["name"])
+    else:
+        pids = {p.pid for p in _ClusterProcesses(handle).members() if p.pgid == node["pgid"]}
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    _reap([node])
+
+
 def _track(process: subprocess.Popen[bytes]) -> None:
     with _popens_lock:
         _popens[process.pid] = process
@@ -717,7 +799,7 @@ def _node_env(token: str, cluster_dir: str | None) -> dict[str, str]:
         # Ray's dashboard (multiprocessing) and the job itself leave temp files behind when
         # killed; inside the cluster dir they go away with it.
         env["TMPDIR"] = os.path.join(cluster_dir, "tmp")
-        os.mkdir(env["TMPDIR"])
+        os.makedirs(env["TMPDIR"], exist_ok=True)
         env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH") or os.defpath])
     else:
         # The sandbox sets HOME, USER and TMPDIR; the host's PATH may name hidden places.
@@ -747,8 +829,12 @@ def _start_node(
     object_store_bytes: int | None,
     sandbox: Sandbox | None,
     node_root: str,
-) -> None:
-    node_dir = os.path.join(node_root, name)
+    *,
+    restarts: int = 0,
+) -> dict[str, Any]:
+    """Start one node; returns its record for the handle (which the caller stores). A node
+    started again after it died gets a fresh temp dir: Ray's sockets of the dead one stay."""
+    node_dir = os.path.join(node_root, f"{name}r{restarts}" if restarts else name)
     if sandbox is None:
         os.mkdir(node_dir)  # in a sandbox, Ray creates it as the sandbox's uid
     command = [
@@ -802,12 +888,16 @@ def _start_node(
         uid=sandbox.state["uid"] if sandbox is not None else None,
         pid=process.pid,
         pgid=process.pid,  # start_new_session: the node is its own process group leader
+        start=process_start_time(process.pid),
         temp_dir=node_dir,
         log=log_path,
         ports=ports,
+        # what it takes to start it again, the same way
+        spec={k: node[k] for k in ("num_cpus", "num_gpus", "memory_bytes", "resources")},
+        object_store_bytes=object_store_bytes,
+        restarts=restarts,
     )
-    handle["nodes"].append(record)
-    _write_handle(handle)  # now, so that even a crash during start-up leaves it findable
+    return record
 
 
 def _wait_for_gcs(handle: dict[str, Any], deadline: float, abandon: _Abandon) -> None:

@@ -91,6 +91,9 @@ class RayClusterLauncher:
     def logs(self, handle: dict[str, Any], *, tail: int | None = None) -> str:
         return ray_jobs.job_logs(self._client(), handle["submission_id"], tail=tail)
 
+    def heal(self, handle: dict[str, Any], *, max_restarts: int) -> list[dict[str, Any]]:
+        return []  # a shared cluster's nodes are its operator's to keep
+
     def stop(self, handle: dict[str, Any]) -> None:
         # An unreachable cluster has nothing of ours left to stop.
         with contextlib.suppress(LaunchError):

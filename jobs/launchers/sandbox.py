@@ -381,7 +381,7 @@ class Sandbox:
             process.stdin.write(json.dumps(config).encode())
             process.stdin.close()
         state["unshare_pid"] = process.pid
-        state["unshare_start"] = _start_time(process.pid)
+        state["unshare_start"] = process_start_time(process.pid)
         try:
             line = _read_line(ready_r, INIT_TIMEOUT)
         finally:
@@ -393,7 +393,7 @@ class Sandbox:
             process.wait()
             raise LaunchError(f"the cluster's sandbox did not start:\n{_read_tail(log_path)}")
         state["init_pid"] = int(line)
-        state["init_start"] = _start_time(state["init_pid"])
+        state["init_start"] = process_start_time(state["init_pid"])
         return exit_r
 
     def _start_egress(self, settings: SandboxSettings, track: Callable, exit_r: int) -> None:
@@ -425,7 +425,7 @@ class Sandbox:
                 os.close(ready_w)
             track(process)
             self.state["slirp_pid"] = process.pid
-            self.state["slirp_start"] = _start_time(process.pid)
+            self.state["slirp_start"] = process_start_time(process.pid)
             try:
                 ready = _read_line(ready_r, INIT_TIMEOUT, allow_partial=True)
             finally:
@@ -478,7 +478,7 @@ class Sandbox:
 
     def init_alive(self) -> bool:
         pid = self.state.get("init_pid")
-        return bool(pid) and _start_time(pid) == self.state.get("init_start")
+        return bool(pid) and process_start_time(pid) == self.state.get("init_start")
 
     def processes(self) -> set[int]:
         return self.cgroups.pids()
@@ -509,7 +509,7 @@ class Sandbox:
         # the init, whose death makes the kernel kill every process of its PID namespace.
         for name in ("unshare", "slirp", "init"):
             pid = s.get(f"{name}_pid")
-            if pid and _start_time(pid) == s.get(f"{name}_start"):
+            if pid and process_start_time(pid) == s.get(f"{name}_start"):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         # The nodes' host-side parents (nsenter) are in the cgroup too: let them collect their
@@ -537,7 +537,7 @@ class Sandbox:
                 leases.release("uid", str(s["uid"]), s["owner"])
 
 
-def _start_time(pid: int) -> int | None:
+def process_start_time(pid: int) -> int | None:
     """The process's start time in clock ticks after boot (tells it from a later pid reuse)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:

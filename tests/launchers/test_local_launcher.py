@@ -7,11 +7,13 @@ failing test leaves no Ray process behind. No database and no Django are needed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -26,7 +28,14 @@ import requests
 
 from jobs.launchers import local as local_launcher
 from jobs.launchers import ray_jobs
-from jobs.launchers.base import RAY_FAILED, RAY_SUCCEEDED, RAY_TERMINAL, LaunchError, LaunchRequest
+from jobs.launchers.base import (
+    RAY_FAILED,
+    RAY_SUCCEEDED,
+    RAY_TERMINAL,
+    LaunchError,
+    LaunchRequest,
+    NodeFailures,
+)
 from jobs.launchers.local import LocalRayLauncher, discover_handles
 
 REPO = Path(__file__).resolve().parents[2]
@@ -511,6 +520,73 @@ def test_two_clusters_side_by_side_and_stop_from_another_process(
     state = wait_terminal(launcher, slow_handle)
     assert state.status == RAY_SUCCEEDED
     assert "done" in launcher.logs(slow_handle)
+
+
+TASKS_SCRIPT = (
+    "import ray, time; ray.init(); print('run started', flush=True); "
+    "f = ray.remote(num_cpus=1)(lambda i: (time.sleep(1), i)[1]); "
+    "refs = [f.remote(i) for i in range(12)]; "
+    "[print('task', ray.get(r), flush=True) for r in refs]; print('sum', sum(ray.get(refs)))"
+)
+
+
+def kill_node(node: dict[str, Any]) -> None:
+    """SIGKILL every Ray process of one node (its temp dir is on each one's command line); the
+    launcher's own wrapper process outside the sandbox sees its child die and exits."""
+    pids = [int(line.split(":")[0]) for line in processes_under(node["temp_dir"])]
+    pids.remove(node["pid"])
+    assert pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def heal_until_restarted(launcher: LocalRayLauncher, handle: dict[str, Any]) -> list[Any]:
+    deadline = time.monotonic() + 30
+    while not (restarted := launcher.heal(handle, max_restarts=1)):
+        assert time.monotonic() < deadline, "the dead node was never started again"
+        time.sleep(0.2)
+    return restarted
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("isolation", ["sandbox", "off"])
+def test_a_dead_worker_node_is_started_again_and_the_job_goes_on(
+    launcher: LocalRayLauncher, work_dir: str, stop_later: list[dict[str, Any]], isolation: str
+) -> None:
+    entrypoint = f'python -c "{TASKS_SCRIPT}"'
+    req = request(f"heal-{isolation}", spec(entrypoint), work_dir, isolation=isolation)
+    handle = launcher.launch(req)
+    stop_later.append(handle)
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while "task 2" not in launcher.logs(handle):
+        assert time.monotonic() < deadline, launcher.logs(handle)
+        time.sleep(0.2)
+    assert launcher.heal(handle, max_restarts=1) == []  # nothing to heal while all run
+    dead = handle["nodes"][1]
+    kill_node(dead)
+    restarted = heal_until_restarted(launcher, handle)
+    assert [(n["name"], n["restarts"]) for n in restarted] == [(dead["name"], 1)]
+    node = handle["nodes"][1]
+    assert node["pid"] != dead["pid"] and node["spec"] == dead["spec"]
+    assert node["ports"] == dead["ports"] and node["temp_dir"] != dead["temp_dir"]
+    assert discover_handles(work_dir) and [  # the handle on disk is the new one
+        h for h in discover_handles(work_dir) if h["nodes"][1]["pid"] == node["pid"]
+    ]
+    # Ray retries the tasks the dead node held on the new one: the one run finishes.
+    state = wait_terminal(launcher, handle)
+    logs = launcher.logs(handle)
+    assert state.status == RAY_SUCCEEDED, logs
+    assert "sum 66" in logs and logs.splitlines().count("run started") == 1
+    # A node that dies more often than it may be restarted fails the cluster.
+    kill_node(node)
+    deadline = time.monotonic() + 30
+    with pytest.raises(NodeFailures, match="died 2 times"):
+        while time.monotonic() < deadline:
+            launcher.heal(handle, max_restarts=1)
+            time.sleep(0.2)
+    launcher.stop(handle)
+    assert_nothing_left(handle)
 
 
 @pytest.mark.ray
