@@ -439,10 +439,9 @@ def _heal(attempt: JobAttempt, launcher, handle: dict[str, Any]) -> None:
     restarted = launcher.heal(handle, max_restarts=settings.MANTA_NODE_RESTARTS)
     if not restarted:
         return
+    # The new handle first, on its own: whatever fails after, no step restarts the node again.
+    JobAttempt.objects.filter(pk=attempt.pk).update(handle_encrypted=secrets.encrypt_json(handle))
     with transaction.atomic():
-        JobAttempt.objects.filter(pk=attempt.pk).update(
-            handle_encrypted=secrets.encrypt_json(handle)
-        )
         job = Job.objects.select_for_update().select_related("workspace", "organization")
         job = job.get(pk=attempt.job_id)
         for node in restarted:

@@ -414,8 +414,14 @@ class LocalRayLauncher:
         if sandbox is not None and not sandbox.init_alive():
             return []
         restarted = []
+        on_disk = _read_handle(handle.get("temp_dir", ""))
         for number, node in enumerate(nodes):
             if node.get("role") == "head" or _node_alive(node):
+                continue
+            newer = _newer_node(on_disk, node)
+            if newer is not None:  # restarted by a caller that died before storing the handle
+                nodes[number] = newer
+                restarted.append(newer)
                 continue
             restarts = node.get("restarts", 0) + 1
             if restarts > max_restarts or "spec" not in node:
@@ -729,6 +735,27 @@ def _write_handle(handle: dict[str, Any]) -> None:
         json.dump(handle, f)
 
 
+def _read_handle(cluster_dir: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(cluster_dir, HANDLE_FILE)) as f:
+            handle = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return handle if isinstance(handle, dict) and handle.get("kind") == KIND else None
+
+
+def _newer_node(on_disk: dict[str, Any] | None, node: dict[str, Any]) -> dict[str, Any] | None:
+    """The running restart of ``node`` that the cluster's handle file records, if any."""
+    for record in (on_disk or {}).get("nodes") or []:
+        if (
+            record.get("name") == node["name"]
+            and record.get("restarts", 0) > node.get("restarts", 0)
+            and _node_alive(record)
+        ):
+            return record
+    return None
+
+
 def discover_handles(work_dir: str | None = None) -> list[dict[str, Any]]:
     """Handles of the local clusters whose temp dirs exist under ``work_dir`` (default: the
     system temp dir), running or not. For sweeping clusters whose handle never got stored."""
@@ -739,15 +766,10 @@ def discover_handles(work_dir: str | None = None) -> list[dict[str, Any]]:
     except OSError:
         return []
     for name in names:
-        if not name.startswith(CLUSTER_DIR_PREFIX):
-            continue
-        try:
-            with open(os.path.join(base, name, HANDLE_FILE)) as f:
-                handle = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if isinstance(handle, dict) and handle.get("kind") == KIND:
-            handles.append(handle)
+        if name.startswith(CLUSTER_DIR_PREFIX):
+            handle = _read_handle(os.path.join(base, name))
+            if handle is not None:
+                handles.append(handle)
     return handles
 
 

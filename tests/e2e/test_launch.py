@@ -14,6 +14,7 @@ import pytest
 
 from config import secrets
 from jobs.models import Job, JobAttempt, JobEvent
+from notifications.models import DomainEvent
 from quotas.models import Reservation
 from tests.conftest import build_world
 from tests.e2e.conftest import cluster_processes
@@ -80,6 +81,10 @@ def submit(world, template_id, who="developer"):
     response = world.client(who).post(WS + "jobs/", {"template": template_id}, format="json")
     assert response.status_code == 201, response.content
     return response.json()["id"]
+
+
+def logs_of(world, job_id: int) -> str:
+    return world.client("developer").get(f"{WS}jobs/{job_id}/logs/").json()["logs"]
 
 
 def wait_for(job_id, states, timeout=180):
@@ -205,6 +210,45 @@ def test_head_killed_mid_job_ends_the_attempt_cluster_lost_and_retries(world, ra
     for attempt in (first, second):
         assert_cluster_gone(attempt, ray_work_dir)
     assert not Reservation.objects.filter(job_id=job_id, released_at__isnull=True).exists()
+
+
+def test_worker_node_killed_mid_job_comes_back_and_the_job_succeeds(world, ray_work_dir):
+    """Tasks need the worker node's CPU (the head has none): SIGKILL that node's Ray processes
+    mid-run, and it is started again, Ray retries the lost task there, and the one run ends."""
+    code = (
+        "import ray, time; ray.init(); print('run started', flush=True); "
+        "f = ray.remote(num_cpus=1)(lambda i: (time.sleep(1), i)[1]); "
+        "refs = [f.remote(i) for i in range(12)]; "
+        "[print('task', ray.get(r), flush=True) for r in refs]; print('sum', sum(ray.get(refs)))"
+    )
+    template = make_template(world, entrypoint=py(code))
+    job_id = submit(world, template)
+    wait_for(job_id, {"running"})
+    attempt = JobAttempt.objects.get(job_id=job_id)
+    deadline = time.monotonic() + 60
+    while "task 2" not in logs_of(world, job_id):
+        assert time.monotonic() < deadline, logs_of(world, job_id)
+        time.sleep(0.3)
+    node = secrets.decrypt_json(attempt.handle_encrypted)["nodes"][1]
+    # Every Ray process of the worker node; the launcher's wrapper outside the sandbox exits
+    # by itself once its child is gone.
+    pids = [pid for pid in cluster_processes(node["temp_dir"]) if pid != node["pid"]]
+    assert pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    job = wait_for(job_id, TERMINAL, timeout=180)
+    attempt.refresh_from_db()
+    assert job.state == "succeeded", (job.failure_reason, job.message)
+    assert "sum 66" in attempt.log_archive and runs(job_id) == 1
+    restarted = JobEvent.objects.get(job_id=job_id, kind="node_restarted")
+    assert restarted.data == {"attempt": 1, "node": "w0", "group": "workers", "restarts": 1}
+    assert (restarted.from_state, restarted.to_state) == ("running", "running")
+    assert DomainEvent.objects.filter(type="job.node_restarted", payload__job__id=job_id).exists()
+    timeline = world.client("developer").get(f"{WS}jobs/{job_id}/events/").json()
+    assert "node_restarted" in [entry["kind"] for entry in timeline["results"]]
+    assert JobAttempt.objects.filter(job_id=job_id).count() == 1
+    assert_cluster_gone(attempt, ray_work_dir)
 
 
 def test_cancel_while_running_tears_the_cluster_down(world, ray_work_dir):

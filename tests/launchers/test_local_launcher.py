@@ -564,10 +564,14 @@ def test_a_dead_worker_node_is_started_again_and_the_job_goes_on(
         time.sleep(0.2)
     assert launcher.heal(handle, max_restarts=1) == []  # nothing to heal while all run
     dead = handle["nodes"][1]
+    stale = json.loads(json.dumps(handle))
     kill_node(dead)
     restarted = heal_until_restarted(launcher, handle)
     assert [(n["name"], n["restarts"]) for n in restarted] == [(dead["name"], 1)]
     node = handle["nodes"][1]
+    # A caller that restarted the node but died before storing the handle: the next one finds
+    # the restart in the cluster's handle file and adopts it instead of starting another.
+    assert launcher.heal(stale, max_restarts=1) == [node] and stale["nodes"][1] == node
     assert node["pid"] != dead["pid"] and node["spec"] == dead["spec"]
     assert node["ports"] == dead["ports"] and node["temp_dir"] != dead["temp_dir"]
     assert discover_handles(work_dir) and [  # the handle on disk is the new one
