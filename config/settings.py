@@ -180,6 +180,9 @@ MANTA_CLUSTER_LOST_SECONDS = env.float("MANTA_CLUSTER_LOST_SECONDS", default=60.
 # A dead worker node is started again this many times per attempt; one more loss fails the
 # attempt (node_failures).
 MANTA_NODE_RESTARTS = env.int("MANTA_NODE_RESTARTS", default=3)
+# How often a running attempt's driver log is copied to the database (so it never disappears
+# from logs/ when its cluster stops answering).
+MANTA_LOG_SAVE_SECONDS = env.float("MANTA_LOG_SAVE_SECONDS", default=10.0)
 
 
 # The `local` target's isolation (jobs/launchers/sandbox.py) and capacity (jobs/local_host.py):

@@ -28,7 +28,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F, Q, Value
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Length
 from django.utils import timezone
 
 from audit.context import Actor
@@ -38,7 +38,7 @@ from config.db import copy_insert
 from workspaces.models import ComputeTarget, ComputeTargetKind
 from workspaces.services import compute_target_secrets
 
-from .launchers import launcher_for
+from .launchers import launcher_for, ray_jobs
 from .launchers.base import (
     RAY_FAILED,
     RAY_RUNNING,
@@ -421,6 +421,7 @@ def attempt_follow(attempt_id: str, token: int) -> bool:
     if state.status in RAY_TERMINAL:
         attempt_settle(attempt_id, state, reason=state.reason)
         return False
+    _save_log_now_and_then(attempt, launcher, handle, now)
     try:
         _heal(attempt, launcher, handle)
     except NodeFailures as exc:
@@ -431,6 +432,28 @@ def attempt_follow(attempt_id: str, token: int) -> bool:
         _move(job.pk, JobState.RUNNING, data={"attempt": attempt.number})
         attempt.running_at = now
     return not _deadline_kept(attempt_id, attempt, job, now)
+
+
+def _save_log_now_and_then(attempt: JobAttempt, launcher, handle: dict[str, Any], now) -> None:
+    """Copy the driver log to the attempt every MANTA_LOG_SAVE_SECONDS, so that logs/ has it
+    whatever becomes of the cluster."""
+    saved = attempt.log_saved_at
+    if saved is not None and (now - saved).total_seconds() < settings.MANTA_LOG_SAVE_SECONDS:
+        return
+    with contextlib.suppress(LaunchError):  # Ray is not answering: the next step tries again
+        _save_log(attempt.pk, launcher.logs(handle))
+
+
+def _save_log(attempt_id, text: str) -> None:
+    """Store the log's tail (at most LOG_ARCHIVE_LIMIT characters), never a shorter log than
+    the one stored: what a follower has read stays readable."""
+    kept = text[-LOG_ARCHIVE_LIMIT:]
+    start = len(text) - len(kept)
+    JobAttempt.objects.filter(pk=attempt_id).alias(
+        stored_end=F("log_start") + Length("log_archive")
+    ).filter(stored_end__lte=len(text)).update(
+        log_archive=kept, log_start=start, log_saved_at=timezone.now()
+    )
 
 
 def _heal(attempt: JobAttempt, launcher, handle: dict[str, Any]) -> None:
@@ -549,10 +572,10 @@ def attempt_teardown(attempt: JobAttempt) -> None:
     except LaunchError:
         log = None
     launcher.stop(handle)  # stops the Ray job; for local, the whole cluster
-    fields: dict[str, Any] = {"torn_down_at": timezone.now()}
-    if log is not None and len(log) >= len(attempt.log_archive):
-        fields["log_archive"] = log[-LOG_ARCHIVE_LIMIT:]
-    JobAttempt.objects.filter(pk=attempt.pk).update(**fields)
+    if log is not None:
+        _save_log(attempt.pk, log)
+    # From now on logs/ reads the archive: it is written.
+    JobAttempt.objects.filter(pk=attempt.pk).update(torn_down_at=timezone.now())
 
 
 def job_cancelled(job_id: int) -> None:
@@ -628,21 +651,32 @@ def sweep() -> dict[str, int]:
 # --- reads that need a launcher ----------------------------------------------------------------
 
 
-def job_logs(job: Job, *, number: int | None = None, tail: int | None = None) -> dict[str, Any]:
-    """The driver log of an attempt (the latest by default): live from Ray while it runs, from
-    the archive written at its end afterwards, so logs survive the cluster."""
+def job_logs(
+    job: Job, *, number: int | None = None, tail: int | None = None, since: int | None = None
+) -> dict[str, Any]:
+    """The driver log of an attempt (the latest by default): from Ray while its cluster is up
+    (``live``), from Manta's copy once it is torn down (``archive``, written before the
+    switch). While live, Manta's copy answers when Ray cannot, so lines never disappear.
+
+    ``offset`` is where the text ends in the whole log; ``since`` (a previous answer's
+    offset) returns only what came after it, so a follower never prints a line twice."""
     attempts = job.attempts.order_by("-number")
     attempt = attempts.filter(number=number).first() if number else attempts.first()
     if attempt is None:
-        return {"attempt": None, "source": "none", "logs": ""}
-    if attempt.state in ATTEMPT_ACTIVE and attempt.submitted:
+        return {"attempt": None, "source": "none", "logs": "", "offset": 0}
+    text, start, source = attempt.log_archive, attempt.log_start, "archive"
+    if attempt.submitted and attempt.torn_down_at is None:
+        source = "live"
         target = resolve_target(job)
         try:
-            text = launcher_for(target.kind, target.config).logs(handle_of(attempt), tail=tail)
-            return {"attempt": attempt.number, "source": "live", "logs": text}
+            live = launcher_for(target.kind, target.config).logs(handle_of(attempt))
         except LaunchError:
-            pass  # the cluster is going away: fall back to what was archived
-    text = attempt.log_archive
-    if tail:
-        text = "\n".join(text.splitlines()[-tail:]) + ("\n" if text.endswith("\n") else "")
-    return {"attempt": attempt.number, "source": "archive", "logs": text}
+            live = ""  # the cluster is not answering: Manta's copy is what there is
+        if len(live) >= start + len(text):
+            text, start = live, 0
+    end = start + len(text)
+    if since is not None:
+        text = text[max(0, since - start) :] if since < end else ""
+    elif tail:
+        text = ray_jobs.tail_lines(text, tail)
+    return {"attempt": attempt.number, "source": source, "logs": text, "offset": end}

@@ -189,7 +189,11 @@ class JobAttempt(models.Model):
     ray_message = models.TextField(blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     failure_reason = models.CharField(max_length=64, blank=True)
+    # Manta's copy of the driver log: saved while the attempt runs and, in full, at its end.
+    # It keeps the log's tail; log_start is how many characters came before it.
     log_archive = models.TextField(blank=True)
+    log_start = models.PositiveBigIntegerField(default=0)
+    log_saved_at = models.DateTimeField(null=True, blank=True)
     # Held while a worker launches or tears down the attempt (renewed while it works).
     lease_until = models.DateTimeField(null=True, blank=True)
     # Bumped by the sweep when it restarts following; a follow task with an older token stops.

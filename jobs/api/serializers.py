@@ -253,8 +253,16 @@ class AttemptOutput(serializers.ModelSerializer):
 )
 class JobLogsOutput(serializers.Serializer):
     attempt = serializers.IntegerField(allow_null=True)
-    source = serializers.ChoiceField(choices=["live", "archive", "none"])
+    source = serializers.ChoiceField(
+        choices=["live", "archive", "none"],
+        help_text="live: the cluster is up (Manta's copy answers when Ray cannot); archive: "
+        "the attempt ended and its log was saved",
+    )
     logs = serializers.CharField(allow_blank=True)
+    offset = serializers.IntegerField(
+        help_text="Where this text ends in the whole log: pass it as since= to get only what "
+        "comes after"
+    )
 
 
 @extend_schema_serializer(
@@ -372,7 +380,13 @@ class JobEventOutput(serializers.ModelSerializer):
 
 class LogsQuery(serializers.Serializer):
     tail = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
+    since = serializers.IntegerField(min_value=0, max_value=2**62, required=False)
     attempt = serializers.IntegerField(min_value=1, required=False)
+
+    def validate(self, attrs):
+        if "tail" in attrs and "since" in attrs:
+            raise serializers.ValidationError({"since": ["cannot be combined with tail"]})
+        return attrs
 
 
 @extend_schema_serializer(

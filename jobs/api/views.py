@@ -238,6 +238,11 @@ class JobViewSet(WorkspaceViewSet):
         operation_id="job_logs",
         parameters=[
             OpenApiParameter("tail", int, description="Only the last N lines"),
+            OpenApiParameter(
+                "since",
+                int,
+                description="Only the text after this offset (the offset of a previous answer)",
+            ),
             OpenApiParameter("attempt", int, description="Attempt number (default: latest)"),
         ],
         responses=s.JobLogsOutput,
@@ -247,8 +252,9 @@ class JobViewSet(WorkspaceViewSet):
         params = s.LogsQuery(data=request.query_params)
         params.is_valid(raise_exception=True)
         job = self._job(pk)
+        query = params.validated_data
         body = execution.job_logs(
-            job, number=params.validated_data.get("attempt"), tail=params.validated_data.get("tail")
+            job, number=query.get("attempt"), tail=query.get("tail"), since=query.get("since")
         )
         return Response(s.JobLogsOutput(body).data)
 

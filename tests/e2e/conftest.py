@@ -117,6 +117,7 @@ def start_launch_worker(tmp_path_factory, ray_work_dir: str, **extra_env: str) -
         MANTA_LEASE_SECONDS="6",
         MANTA_FOLLOW_INTERVAL_SECONDS="0.5",
         MANTA_CLUSTER_LOST_SECONDS="6",
+        MANTA_LOG_SAVE_SECONDS="1",
         **extra_env,
     )
 

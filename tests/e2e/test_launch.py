@@ -194,6 +194,11 @@ def test_head_killed_mid_job_ends_the_attempt_cluster_lost_and_retries(world, ra
     job_id = submit(world, template)
     wait_for(job_id, {"running"})
     first = JobAttempt.objects.get(job_id=job_id, number=1)
+    deadline = time.monotonic() + 60
+    while "run started" not in logs_of(world, job_id) or not first.log_archive:
+        assert time.monotonic() < deadline, "the log was never saved"
+        time.sleep(0.3)
+        first.refresh_from_db()
     head_dir = secrets.decrypt_json(first.handle_encrypted)["nodes"][0]["temp_dir"]
     killed = []
     for pid in cluster_processes(head_dir):  # every process of the head node, and only those
@@ -201,6 +206,14 @@ def test_head_killed_mid_job_ends_the_attempt_cluster_lost_and_retries(world, ra
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
     assert killed
+    # A follower of the first attempt's log never sees its lines disappear, live or archived.
+    client, seen = world.client("developer"), []
+    while Job.objects.get(pk=job_id).state not in TERMINAL:
+        answer = client.get(f"{WS}jobs/{job_id}/logs/", {"attempt": 1}).json()
+        seen.append(answer["source"])
+        assert "run started" in answer["logs"], answer
+        time.sleep(0.2)
+    assert seen and seen[-1] == "archive"
     job = wait_for(job_id, TERMINAL, timeout=240)
     assert job.state == "succeeded", (job.failure_reason, job.message)
     first.refresh_from_db()
