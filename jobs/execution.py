@@ -23,6 +23,7 @@ import dataclasses
 import datetime as dt
 import logging
 import threading
+import uuid
 from typing import Any
 
 from django.conf import settings
@@ -563,6 +564,9 @@ def attempt_teardown(attempt: JobAttempt) -> None:
     """Archive the driver log and stop everything the attempt started. Idempotent."""
     handle = handle_of(attempt)
     if handle is None:
+        # A launch killed before it stored the handle may have left a cluster behind.
+        with contextlib.suppress(LaunchError):
+            _stop_orphans(attempt, resolve_target(attempt.job))
         JobAttempt.objects.filter(pk=attempt.pk).update(torn_down_at=timezone.now())
         return
     target = resolve_target(attempt.job)
@@ -572,6 +576,7 @@ def attempt_teardown(attempt: JobAttempt) -> None:
     except LaunchError:
         log = None
     launcher.stop(handle)  # stops the Ray job; for local, the whole cluster
+    _stop_orphans(attempt, target)
     if log is not None:
         _save_log(attempt.pk, log)
     # From now on logs/ reads the archive: it is written.
@@ -638,6 +643,7 @@ def sweep() -> dict[str, int]:
     for pk in evictions.values_list("pk", flat=True):
         tasks.evict_attempt.delay(str(pk))
         counts["evict"] += 1
+    counts["strays"] = _stop_strays()
     if Job.objects.filter(state=JobState.QUEUED).exists():
         tasks.admit.delay()
         counts["admit"] += 1
@@ -646,6 +652,32 @@ def sweep() -> dict[str, int]:
     counts["budget_alerts"] = budget_alerts()
     counts["drift"] = sum(reconcile().values())
     return counts
+
+
+def _stop_strays() -> int:
+    """Stop the local clusters on this host whose attempt is gone or torn down (a launch
+    killed after starting one, then its attempt ended): no cluster outlives its attempt,
+    whatever was killed when. Returns how many were stopped."""
+    from .launchers import local
+
+    handles = local.discover_handles(settings.MANTA_LOCAL_RAY_DIR)
+    ids = [i for h in handles if isinstance(i := h.get("submission_id"), str) and _is_uuid(i)]
+    owned = JobAttempt.objects.filter(pk__in=ids, torn_down_at__isnull=True)
+    owners = {str(pk) for pk in owned.values_list("pk", flat=True)}
+    launcher = local.LocalRayLauncher()
+    strays = [h for h in handles if h.get("submission_id") not in owners]
+    for handle in strays:
+        logger.warning("stopping local cluster %s: its attempt ended", handle.get("cluster_name"))
+        launcher.stop(handle)
+    return len(strays)
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
 
 
 # --- reads that need a launcher ----------------------------------------------------------------

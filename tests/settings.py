@@ -5,6 +5,8 @@ import os
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("MANTA_VAR_DIR", "/tmp/manta-test-var")
+# The sweep stops local clusters no attempt owns: never those of a Manta running beside.
+os.environ.setdefault("MANTA_LOCAL_RAY_DIR", "/tmp/manta-test-ray")
 
 from config.settings import *  # noqa: F403
 from config.settings import DATABASES

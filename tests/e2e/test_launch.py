@@ -311,6 +311,34 @@ def test_cancel_while_the_cluster_starts_stops_the_start(world, e2e, ray_work_di
     assert not [n for n in os.listdir(ray_work_dir) if n.startswith("mr-")]
 
 
+def test_launch_killed_then_job_cancelled_leaves_no_orphan(world, e2e, ray_work_dir):
+    """The worker dies while the cluster starts (no handle stored yet), the job is cancelled
+    meanwhile: once a worker is back, the cluster the dead launch started is found and stopped."""
+    template = make_template(world, entrypoint=py("print('never')"))
+    job_id = submit(world, template)
+    wait_for(job_id, {"launching"})
+    deadline = time.monotonic() + 60
+    while not cluster_processes(ray_work_dir):  # the head is starting
+        assert time.monotonic() < deadline, "no node ever started"
+        time.sleep(0.1)
+    e2e.kill()
+    assert cluster_processes(ray_work_dir)  # the nodes outlive the launch that started them
+    response = world.client("developer").post(f"{WS}jobs/{job_id}/cancel/", {}, format="json")
+    assert response.status_code == 200 and response.json()["state"] == "cancelled"
+    e2e.start()
+    attempt = JobAttempt.objects.get(job_id=job_id)
+    deadline = time.monotonic() + 90
+    while (attempt.state != "cancelled" or cluster_processes(ray_work_dir)) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+        attempt.refresh_from_db()
+    assert attempt.state == "cancelled" and attempt.torn_down_at is not None
+    assert cluster_processes(ray_work_dir) == []
+    assert not [n for n in os.listdir(ray_work_dir) if n.startswith("mr-")]
+    assert runs(job_id) == 0
+
+
 def test_two_clusters_side_by_side_one_cancelled(world, ray_work_dir):
     slow = make_template(world, entrypoint=py("import time; time.sleep(300)"))
     ok = make_template(world, entrypoint=marker_entrypoint(sleep=12))
