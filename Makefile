@@ -52,8 +52,10 @@ lock:
 migrate: install
 	$(BIN)/python manage.py migrate --noinput
 
+PORT ?= 8000
+
 serve: migrate
-	$(BIN)/python manage.py runserver 127.0.0.1:8000
+	$(BIN)/python manage.py runserver 127.0.0.1:$(PORT)
 
 worker: install system-deps
 	$(BIN)/celery -A config worker -l info
