@@ -1,0 +1,187 @@
+"""SIGKILL the API, the worker and its beat at once, with jobs in every state, then start them
+again: each job ends in the state it should, every attempt ran its entrypoint once, no cluster
+is left and the quota books balance. Real gunicorn, Celery, PostgreSQL, Redis and Ray."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from jobs.models import Job, JobAttempt
+from quotas.models import Reservation
+from quotas.services import reconcile
+from tests.conftest import build_world
+from tests.e2e.conftest import ROOT, cluster_processes, start_launch_worker
+from tests.e2e.test_launch import WS, marker_entrypoint, py, runs
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ray]
+
+TERMINAL = {"succeeded", "failed", "cancelled", "rejected"}
+# Two 1-CPU clusters at a time: a third job waits in the queue for the host's capacity.
+CAPACITY = "cpu=2,memory_gb=64"
+
+
+class Api:
+    """gunicorn serving the API on a free loopback port, with the worker's environment."""
+
+    def __init__(self, env: dict[str, str], log: Path):
+        self.env, self.log, self.proc = env, log, None
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    def start(self) -> None:
+        out = open(self.log, "a")  # noqa: SIM115  (kept for the process's lifetime)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "config.wsgi", "-b", self.base[7:], "-w", "2"],
+            cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(f"{self.base}/healthz", timeout=2).ok:
+                    return
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            time.sleep(0.3)
+        raise AssertionError(f"the API did not start:\n{self.log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def crash_worker(django_db_setup, django_db_blocker, ray_work_dir, tmp_path_factory):
+    proc = start_launch_worker(tmp_path_factory, ray_work_dir, MANTA_LOCAL_CAPACITY=CAPACITY)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def api(crash_worker, tmp_path):
+    server = Api(crash_worker.env, tmp_path / "api.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+def call(api: Api, token: str, method: str, path: str, body=None, expect=None):
+    response = requests.request(
+        method, api.base + path, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+    if expect is not None:
+        assert response.status_code == expect, response.text
+    return response.json()
+
+
+def state_of(job_id: int) -> str:
+    return Job.objects.values_list("state", flat=True).get(pk=job_id)
+
+
+def wait_state(job_id: int, states: set[str], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while state_of(job_id) not in states:
+        assert time.monotonic() < deadline, f"job {job_id} still {state_of(job_id)}"
+        time.sleep(0.3)
+
+
+def test_everything_killed_at_once_recovers_every_job(
+    transactional_db, crash_worker, api, ray_work_dir
+):
+    world = build_world()
+    dev, admin = world.tokens["developer"], world.tokens["ws_admin"]
+    policy = {"approval_policy": "threshold", "approval_thresholds": {"memory_gb": 2.5}}
+    call(api, admin, "PATCH", WS, policy, expect=200)
+
+    def template(entrypoint: str, memory_gb: float = 1) -> int:
+        body = {
+            "name": f"t{time.monotonic_ns()}",
+            "image": "rayproject/ray:2.60.0",
+            "entrypoint": entrypoint,
+            "head": {"cpu": 0, "memory_gb": 1},
+            "worker_groups": [{"name": "w", "replicas": 1, "cpu": 1, "memory_gb": memory_gb}],
+            "max_runtime_seconds": 300,
+        }
+        return call(api, admin, "POST", WS + "templates/", body, expect=201)["id"]
+
+    def submit(template_id: int) -> int:
+        return call(api, dev, "POST", WS + "jobs/", {"template": template_id}, expect=201)["id"]
+
+    quick, slow = template(marker_entrypoint()), template(marker_entrypoint(sleep=25))
+    forever = template(py("import time; print('run started', flush=True); time.sleep(600)"))
+    big = template(marker_entrypoint(), memory_gb=3)
+
+    done = submit(quick)
+    wait_state(done, {"succeeded"})
+    running, cancelled = submit(slow), submit(forever)
+    wait_state(running, {"running"})
+    wait_state(cancelled, {"running"})
+    pending = submit(big)
+    launching, queued = submit(quick), submit(quick)
+    assert {state_of(launching), state_of(queued)} == {"queued"}  # the host is full
+    call(api, dev, "POST", f"{WS}jobs/{cancelled}/cancel/", {}, expect=200)
+    wait_state(launching, {"launching"})
+    deadline = time.monotonic() + 60
+    while not JobAttempt.objects.filter(job_id=launching, launch_started_at__isnull=False):
+        assert time.monotonic() < deadline, "the launch never started"
+        time.sleep(0.1)
+    time.sleep(2)  # its cluster is starting
+    before = {job: state_of(job) for job in (done, running, cancelled, pending, launching, queued)}
+    assert before == {
+        done: "succeeded",
+        running: "running",
+        cancelled: "cancelled",
+        pending: "pending_approval",
+        launching: "launching",
+        queued: "queued",
+    }
+
+    api.kill()  # the API, the worker and its beat at once
+    crash_worker.kill()
+    api.start()
+    crash_worker.start()
+
+    for job in (running, launching, queued):
+        wait_state(job, TERMINAL, timeout=240)
+    assert state_of(pending) == "pending_approval"
+    reject = {"reason": "too big for now"}
+    call(api, world.tokens["owner"], "POST", f"{WS}jobs/{pending}/reject/", reject, expect=200)
+    after = {job: state_of(job) for job in before}
+    assert after == {
+        done: "succeeded",
+        running: "succeeded",
+        cancelled: "cancelled",
+        pending: "rejected",
+        launching: "succeeded",
+        queued: "succeeded",
+    }
+    # One Ray submission per attempt: each entrypoint started exactly once.
+    for job in (done, running, launching, queued):
+        assert JobAttempt.objects.filter(job_id=job).count() == 1
+        assert runs(job) == 1, job
+    attempt = JobAttempt.objects.get(job_id=cancelled)
+    assert attempt.state == "cancelled"
+    # No cluster left, no reservation held, no drift in the quota books.
+    deadline = time.monotonic() + 60
+    while cluster_processes(ray_work_dir) or any(
+        n.startswith("mr-") for n in os.listdir(ray_work_dir)
+    ):
+        assert time.monotonic() < deadline, cluster_processes(ray_work_dir)
+        time.sleep(0.5)
+    assert not Reservation.objects.filter(released_at__isnull=True).exists()
+    assert sum(reconcile().values()) == 0
