@@ -6,12 +6,23 @@ import logging
 from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 
 from config.celery import send_many
 
 from . import execution
 
 logger = logging.getLogger(__name__)
+
+# Every task here is safe to run twice, so one that lost its database connection (PostgreSQL
+# restarted, its backends terminated) runs again at once on a fresh connection instead of
+# waiting for the sweep.
+DB_RETRY = {
+    "autoretry_for": (OperationalError, InterfaceError),
+    "retry_backoff": 1,
+    "retry_backoff_max": 30,
+    "max_retries": 10,
+}
 
 
 @worker_ready.connect
@@ -30,7 +41,7 @@ def report_isolation(**_kwargs) -> None:
         logger.info("local target isolation: %s", json.dumps(report))
 
 
-@shared_task(name="manta.jobs.admit")
+@shared_task(name="manta.jobs.admit", **DB_RETRY)
 def admit() -> dict[int, list[int]]:
     from quotas.scheduler import admit_all
 
@@ -49,17 +60,17 @@ def launch_attempts(attempt_ids: list[str]) -> None:
         send_many(launch_attempt, [(pk,) for pk in attempt_ids])
 
 
-@shared_task(name="manta.jobs.fan_out_launches")
+@shared_task(name="manta.jobs.fan_out_launches", **DB_RETRY)
 def fan_out_launches(attempt_ids: list[str]) -> None:
     send_many(launch_attempt, [(pk,) for pk in attempt_ids])
 
 
-@shared_task(name="manta.jobs.launch_attempt")
+@shared_task(name="manta.jobs.launch_attempt", **DB_RETRY)
 def launch_attempt(attempt_id: str) -> None:
     execution.attempt_launch(attempt_id)
 
 
-@shared_task(name="manta.jobs.follow_attempt")
+@shared_task(name="manta.jobs.follow_attempt", **DB_RETRY)
 def follow_attempt(attempt_id: str, token: int) -> None:
     if execution.attempt_follow(attempt_id, token):
         follow_attempt.apply_async(
@@ -67,16 +78,16 @@ def follow_attempt(attempt_id: str, token: int) -> None:
         )
 
 
-@shared_task(name="manta.jobs.cancel_attempt")
+@shared_task(name="manta.jobs.cancel_attempt", **DB_RETRY)
 def cancel_attempt(attempt_id: str) -> None:
     execution.attempt_cancel(attempt_id)
 
 
-@shared_task(name="manta.jobs.evict_attempt")
+@shared_task(name="manta.jobs.evict_attempt", **DB_RETRY)
 def evict_attempt(attempt_id: str) -> None:
     execution.attempt_evict(attempt_id)
 
 
-@shared_task(name="manta.jobs.sweep")
+@shared_task(name="manta.jobs.sweep", **DB_RETRY)
 def sweep() -> dict[str, int]:
     return execution.sweep()
