@@ -24,6 +24,7 @@ ACTIONS: dict[str, str] = {
     "job.reject": "A job was rejected",
     "job.cancel": "A job was cancelled",
     "job.transition": "A job changed state",
+    "package.upload": "A code package was uploaded to a workspace",
     "job.node_restarted": "A dead worker node of a job's cluster was started again",
     "compute_target.create": "A compute target was created",
     "compute_target.update": "A compute target changed",

@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "jobs",
     "quotas",
     "notifications",
+    "packages",
 ]
 
 MIDDLEWARE = [
@@ -79,6 +80,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=0))
+# A persistent connection (CONN_MAX_AGE > 0) that the database dropped (a restart, a terminated
+# backend) is found dead at the next request's first query and replaced, instead of failing it.
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_USER_MODEL = "workspaces.User"
@@ -106,6 +110,25 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = env.str("STATIC_ROOT", default=str(VAR_DIR / "static"))
+
+# Code packages (packages/): stored once per content. The filesystem under var/ by default; any
+# Django storage backend in production, e.g. S3-compatible object storage with django-storages:
+# MANTA_PACKAGE_STORAGE=storages.backends.s3.S3Storage and its OPTIONS as JSON.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "packages": {
+        "BACKEND": env.str(
+            "MANTA_PACKAGE_STORAGE", default="django.core.files.storage.FileSystemStorage"
+        ),
+        "OPTIONS": env.json(
+            "MANTA_PACKAGE_STORAGE_OPTIONS", default={"location": str(VAR_DIR / "packages")}
+        ),
+    },
+}
+MANTA_PACKAGE_MAX_BYTES = env.int("MANTA_PACKAGE_MAX_BYTES", default=100 * 1024**2)
+MANTA_PACKAGE_MAX_UNPACKED_BYTES = env.int("MANTA_PACKAGE_MAX_UNPACKED_BYTES", default=1024**3)
+MANTA_PACKAGE_RETENTION_DAYS = env.int("MANTA_PACKAGE_RETENTION_DAYS", default=30)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -158,7 +181,20 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         control_folder=str(_broker / "control"),
         store_processed=False,
     )
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # A broker that hangs instead of refusing (frozen, failed over, dropped by a firewall)
+    # would hold a publish forever: an API request would never answer. With these, each try
+    # gives up after 5 s, the publish after its retries, and the committed write still answers.
+    CELERY_BROKER_TRANSPORT_OPTIONS.update(
+        socket_timeout=5, socket_connect_timeout=5, socket_keepalive=True
+    )
+# Outages: the worker and beat wait for the broker at start and reconnect after losing it, for
+# as long as it takes (tests/e2e/test_faults.py); the Redis shim in config/celery.py keeps the
+# worker alive through the reconnect.
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_BROKER_CHANNEL_ERROR_RETRY = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE = {
     "sweep": {
@@ -169,6 +205,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "manta.notifications.sweep",
         "schedule": env.float("WEBHOOK_SWEEP_INTERVAL_SECONDS", default=5.0),
     },
+    "packages-expire": {"task": "manta.packages.expire", "schedule": 3600.0},
 }
 
 # Running jobs (jobs/execution.py).

@@ -11,6 +11,7 @@ api_v1 = [
     path("", include("jobs.api.urls")),
     path("", include("quotas.api.urls")),
     path("", include("notifications.api.urls")),
+    path("", include("packages.api.urls")),
 ]
 
 urlpatterns = [

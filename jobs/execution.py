@@ -36,6 +36,8 @@ from audit.context import Actor
 from config import secrets
 from config.celery import send_many
 from config.db import copy_insert
+from packages.services import local_path as package_path
+from packages.services import sha_of as package_sha
 from workspaces.models import ComputeTarget, ComputeTargetKind
 from workspaces.services import compute_target_secrets
 
@@ -116,9 +118,14 @@ def launch_request(attempt: JobAttempt, target: ResolvedTarget) -> LaunchRequest
         "MANTA_JOB_ID": str(job.pk),
         "MANTA_ATTEMPT": str(attempt.number),
     }
+    packages = {}
+    sha256 = package_sha(runtime_env.get("working_dir"))
+    if sha256:
+        packages[runtime_env["working_dir"]] = package_path(sha256)
     return LaunchRequest(
         submission_id=attempt.submission_id,
         cluster_name=attempt.cluster_name,
+        packages=packages,
         spec={**job.spec, "runtime_env": runtime_env},
         labels={
             "manta.dev/org": job.organization.slug,

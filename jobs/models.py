@@ -84,8 +84,9 @@ class Job(models.Model):
     workspace = models.ForeignKey(
         "workspaces.Workspace", on_delete=models.PROTECT, related_name="jobs"
     )
+    # None for an ad-hoc job (submitted with a spec of its own, where the workspace allows it).
     template_version = models.ForeignKey(
-        JobTemplateVersion, on_delete=models.PROTECT, related_name="jobs"
+        JobTemplateVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
     )
     name = models.CharField(max_length=100)
     state = models.CharField(max_length=20, choices=JobState.choices)

@@ -14,8 +14,10 @@ from audit import services as audit
 from audit.context import Actor
 from config.errors import Conflict, Forbidden, InvalidInput, invalid_from_serializer
 from notifications.services import event_emit
+from packages.services import package_require
+from packages.services import sha_of as package_sha
 from quotas.services import check_submission
-from workspaces.models import ApprovalPolicy, Workspace
+from workspaces.models import ApprovalPolicy, ComputeTarget, ComputeTargetKind, Workspace
 
 from . import spec as job_spec
 from .local_host import capacity as host_capacity
@@ -212,6 +214,34 @@ def resolve_spec(version: JobTemplateVersion, overrides: dict[str, Any], organiz
         raise invalid_from_serializer(exc, prefix="overrides") from exc
 
 
+def adhoc_spec(workspace: Workspace, spec: Any) -> dict:
+    """An ad-hoc job's spec, validated as a template's would be (image policy, limits)."""
+    if not workspace.adhoc_jobs:
+        raise InvalidInput.on(
+            "spec", "this workspace runs jobs from templates only (its adhoc_jobs is off)"
+        )
+    try:
+        return job_spec.validate_spec(spec, organization=workspace.organization)
+    except serializers.ValidationError as exc:
+        raise invalid_from_serializer(exc, prefix="spec") from exc
+
+
+def check_code(workspace: Workspace, spec: dict) -> None:
+    """A package the spec runs must be this workspace's, on a target that can receive it."""
+    working_dir = (spec.get("runtime_env") or {}).get("working_dir") or ""
+    if not package_sha(working_dir):
+        return
+    field = "runtime_env.working_dir"
+    target = ComputeTarget.objects.filter(
+        organization_id=workspace.organization_id, name=workspace.compute_target
+    ).first()
+    if target is not None and target.kind == ComputeTargetKind.KUBERAY:
+        raise InvalidInput.on(
+            field, "code packages run on local and ray targets; a kuberay target needs a remote URI"
+        )
+    package_require(workspace, working_dir, field=field)
+
+
 def approval_needed(workspace: Workspace, spec: dict, requested: dict[str, float]) -> str:
     """Why this job needs approval under the workspace's policy ('' when it does not)."""
     if workspace.approval_policy == ApprovalPolicy.ALWAYS:
@@ -237,15 +267,17 @@ def job_submit(
     *,
     actor: Actor,
     workspace: Workspace,
-    template: JobTemplate,
+    template: JobTemplate | None,
+    spec: dict[str, Any] | None = None,
     name: str = "",
     overrides: dict[str, Any] | None = None,
     idempotency_key: str | None = None,
 ) -> tuple[Job, bool]:
-    """Submit a job from the template's latest version. Returns (job, created): a retried call
+    """Submit a job from the template's latest version, or (``template=None``) with a ``spec``
+    of its own where the workspace allows ad-hoc jobs. Returns (job, created): a retried call
     with the same Idempotency-Key returns the first job and creates nothing."""
     overrides = overrides or {}
-    fingerprint = _fingerprint(template.pk, name, overrides)
+    fingerprint = _fingerprint(template.pk if template else None, name, overrides or spec)
     if idempotency_key:
         existing = _replay(workspace, actor, idempotency_key, fingerprint)
         if existing is not None:
@@ -253,7 +285,7 @@ def job_submit(
     try:
         with transaction.atomic():
             return _job_create(
-                actor, workspace, template, name, overrides, idempotency_key, fingerprint
+                actor, workspace, template, spec, name, overrides, idempotency_key, fingerprint
             ), True
     except IntegrityError:
         # A concurrent request with the same key committed first.
@@ -275,11 +307,19 @@ def _replay(workspace, actor: Actor, key: str, fingerprint: str) -> Job | None:
     return job
 
 
-def _job_create(actor, workspace, template, name, overrides, idempotency_key, fingerprint) -> Job:
-    if template.archived_at is not None:
-        raise InvalidInput.on("template", "the template is archived")
-    version = template.versions.get(version=template.latest_version)
-    spec = resolve_spec(version, overrides, workspace.organization)
+def _job_create(
+    actor, workspace, template, spec, name, overrides, idempotency_key, fingerprint
+) -> Job:
+    if template is None:
+        version, spec = None, adhoc_spec(workspace, spec)
+        name = name or "adhoc"
+    else:
+        if template.archived_at is not None:
+            raise InvalidInput.on("template", "the template is archived")
+        version = template.versions.get(version=template.latest_version)
+        spec = resolve_spec(version, overrides, workspace.organization)
+        name = name or template.name
+    check_code(workspace, spec)
     requested = job_spec.requested_resources(spec)
     check_submission(workspace, requested, spec, host_capacity_for(workspace))
     reason = approval_needed(workspace, spec, requested)
@@ -287,7 +327,7 @@ def _job_create(actor, workspace, template, name, overrides, idempotency_key, fi
         organization=workspace.organization,
         workspace=workspace,
         template_version=version,
-        name=name or template.name,
+        name=name,
         state=JobState.PENDING_APPROVAL if reason else JobState.QUEUED,
         spec=spec,
         overrides=overrides,
@@ -309,7 +349,9 @@ def _job_create(actor, workspace, template, name, overrides, idempotency_key, fi
         kind="submitted",
         actor=actor,
         reason=reason,
-        data={"template": template.name, "template_version": version.version},
+        data={"template": template.name, "template_version": version.version}
+        if template
+        else {"template": None},
         audit_action="job.submit",
         changes={"state": [None, job.state]},
     )

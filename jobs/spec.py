@@ -60,6 +60,7 @@ RAY_TAG_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:[-.].*)?$")
 # Code reaches a job from a place Ray fetches itself, never from the worker's filesystem: Ray's
 # client zips a local working_dir where it runs, which would ship the worker's files.
 WORKING_DIR = re.compile(r"^(https|s3|gs)://[^\s/]+/\S*$")
+PACKAGE_URI = re.compile(r"^manta://packages/[0-9a-f]{64}$")  # see packages/
 # Variables that change how the runtime itself behaves (which binaries and libraries load,
 # where Python and pip look, Ray's own settings, the devices a node was given).
 RUNTIME_ENV_NAMES = frozenset(
@@ -195,10 +196,11 @@ class RuntimeEnvSpec(serializers.Serializer):
         return value
 
     def validate_working_dir(self, value: str) -> str:
-        if not WORKING_DIR.match(value):
+        if not (WORKING_DIR.match(value) or PACKAGE_URI.match(value)):
             raise serializers.ValidationError(
-                "must be a remote URI (https://, s3:// or gs://) of a zip Ray downloads itself; "
-                "paths on the worker's host are refused"
+                "must be a package uploaded to this workspace (manta://packages/<sha256>) or a "
+                "remote URI (https://, s3:// or gs://) of a zip Ray downloads itself; paths on "
+                "the worker's host are refused"
             )
         return value
 

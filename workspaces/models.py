@@ -122,6 +122,8 @@ class Workspace(models.Model):
     # {"gpu": 1, "cpu": 16, "memory_gb": 64, "max_runtime_seconds": 3600}: above any → approval.
     approval_thresholds = models.JSONField(default=dict, blank=True)
     compute_target = models.CharField(max_length=64, default="local")
+    # Jobs submitted with a spec of their own instead of a template (every rule still applies).
+    adhoc_jobs = models.BooleanField(default=False)
     archived_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

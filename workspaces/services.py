@@ -267,6 +267,7 @@ WORKSPACE_EDITABLE = [
     "approval_policy",
     "approval_thresholds",
     "compute_target",
+    "adhoc_jobs",
 ]
 
 

@@ -172,11 +172,27 @@ class TemplateOutput(serializers.ModelSerializer):
     ]
 )
 class JobSubmitInput(serializers.Serializer):
-    template = serializers.IntegerField(help_text="The template's id; its latest version is used")
+    template = serializers.IntegerField(
+        required=False, help_text="The template's id; its latest version is used"
+    )
+    spec = serializers.DictField(
+        required=False,
+        help_text="Instead of a template, the whole spec (workspaces with adhoc_jobs only); "
+        "every rule of a template applies",
+    )
     name = serializers.RegexField(r"^[a-z0-9][a-z0-9_-]{0,99}$", required=False, max_length=100)
     overrides = serializers.DictField(
         required=False, default=dict, help_text="Spec fields to override (allowed_overrides only)"
     )
+
+    def validate(self, attrs):
+        if ("template" in attrs) == ("spec" in attrs):
+            raise serializers.ValidationError({"template": ["give a template or a spec, not both"]})
+        if "spec" in attrs and attrs["overrides"]:
+            raise serializers.ValidationError(
+                {"overrides": ["a job with a spec of its own has nothing to override"]}
+            )
+        return attrs
 
 
 @extend_schema_serializer(
@@ -303,7 +319,9 @@ class JobOutput(serializers.ModelSerializer):
     spec = serializers.JSONField()
     overrides = serializers.JSONField()
     template = serializers.SerializerMethodField()
-    template_version = serializers.IntegerField(source="template_version.version")
+    template_version = serializers.IntegerField(
+        source="template_version.version", allow_null=True, default=None
+    )
     submitted_by = serializers.EmailField(source="submitted_by.email")
     decided_by = serializers.EmailField(source="decided_by.email", allow_null=True, default=None)
     state = serializers.ChoiceField(choices=JobState.choices)
@@ -346,7 +364,9 @@ class JobOutput(serializers.ModelSerializer):
 
         return explain(job) if self.context.get("explain") else None
 
-    def get_template(self, job) -> dict:
+    def get_template(self, job) -> dict | None:
+        if job.template_version is None:
+            return None  # an ad-hoc job
         template = job.template_version.template
         return {"id": template.pk, "name": template.name}
 

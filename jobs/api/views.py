@@ -176,9 +176,13 @@ class JobViewSet(WorkspaceViewSet):
         data = s.JobSubmitInput(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        template = selectors.templates_of(self.workspace).filter(pk=values["template"]).first()
-        if template is None:
-            raise exceptions.ValidationError({"template": ["no such template in this workspace"]})
+        template = None
+        if "template" in values:
+            templates = selectors.templates_of(self.workspace)
+            template = templates.filter(pk=values["template"]).first()
+            if template is None:
+                missing = {"template": ["no such template in this workspace"]}
+                raise exceptions.ValidationError(missing)
         key = request.headers.get("Idempotency-Key") or None
         if key is not None and len(key) > 255:
             raise exceptions.ValidationError({"Idempotency-Key": ["at most 255 characters"]})
@@ -186,6 +190,7 @@ class JobViewSet(WorkspaceViewSet):
             actor=self.actor,
             workspace=self.workspace,
             template=template,
+            spec=values.get("spec"),
             name=values.get("name", ""),
             overrides=values["overrides"],
             idempotency_key=key,

@@ -40,6 +40,9 @@ class LaunchRequest:
     spec: dict[str, Any]
     labels: dict[str, str]  # org / workspace / job ids, e.g. {"manta.dev/org": "acme", ...}
     target_config: dict[str, Any]  # the compute target's config (secrets already decrypted)
+    # Code packages the spec names (runtime_env.working_dir "manta://packages/<sha256>"), each
+    # with a path on this host holding its zip; the launcher hands them to the cluster.
+    packages: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -371,6 +371,7 @@ class LocalRayLauncher:
                 submission_id=submission["submission_id"],
                 entrypoint=submission["entrypoint"],
                 runtime_env=submission["runtime_env"],
+                packages=request.packages,
                 entrypoint_num_cpus=submission["entrypoint_num_cpus"],
                 metadata=dict(request.labels or {}),
             ),

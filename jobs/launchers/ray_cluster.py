@@ -67,7 +67,9 @@ class RayClusterLauncher:
         }
 
     def submit(self, handle: dict[str, Any], request: LaunchRequest) -> dict[str, Any]:
-        ray_jobs.submit_idempotent(self._client(), **self._submission(request))
+        ray_jobs.submit_idempotent(
+            self._client(), **self._submission(request), packages=request.packages
+        )
         return handle
 
     def launch(self, request: LaunchRequest) -> dict[str, Any]:

@@ -104,12 +104,30 @@ def clean_runtime_env(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
     return {k: runtime_env[k] for k in RUNTIME_ENV_KEYS if runtime_env.get(k)}
 
 
+def upload_packages(
+    client: JobSubmissionClient, runtime_env: dict[str, Any], packages: dict[str, str]
+) -> dict[str, Any]:
+    """``runtime_env`` with a Manta package as working_dir replaced by the package uploaded to
+    the cluster's GCS, the way Ray's own client ships a local directory (``gcs://`` URI)."""
+    path = packages.get(runtime_env.get("working_dir") or "")
+    if path is None:
+        return runtime_env
+    try:
+        uri = client._upload_package_if_needed(path, include_gitignore=False, is_file=True)
+    except Exception as exc:
+        raise LaunchError(
+            f"Uploading the code package to the cluster failed: {_describe(exc)}"
+        ) from exc
+    return {**runtime_env, "working_dir": uri}
+
+
 def submit_idempotent(
     client: JobSubmissionClient,
     *,
     submission_id: str,
     entrypoint: str,
     runtime_env: dict[str, Any] | None = None,
+    packages: dict[str, str] | None = None,
     entrypoint_num_cpus: float = 0,
     entrypoint_num_gpus: float = 0,
     entrypoint_memory: int = 0,
@@ -122,11 +140,12 @@ def submit_idempotent(
     earlier try whose answer we never saw) is adopted and False is returned. A job with this id
     but a different entrypoint is not ours to adopt and raises LaunchError.
     """
+    runtime_env = upload_packages(client, clean_runtime_env(runtime_env), packages or {})
     try:
         client.submit_job(
             entrypoint=entrypoint,
             submission_id=submission_id,
-            runtime_env=clean_runtime_env(runtime_env) or None,
+            runtime_env=runtime_env or None,
             entrypoint_num_cpus=entrypoint_num_cpus,
             entrypoint_num_gpus=entrypoint_num_gpus or None,
             entrypoint_memory=entrypoint_memory or None,

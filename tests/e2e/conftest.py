@@ -3,6 +3,7 @@ PostgreSQL database, launching real local Ray clusters."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -82,11 +83,13 @@ def ray_work_dir():
     assert not leftovers, f"Ray processes left running after the tests: {leftovers}"
 
 
-def start_worker(tmp_path_factory, name: str, **extra_env: str) -> Worker:
-    """A real worker (with beat) on the test database and the broker this process sends to,
-    its Redis database emptied first; ``extra_env`` sets its Manta settings."""
+def start_worker(
+    tmp_path_factory, name: str, *, broker: str | None = None, **extra_env: str
+) -> Worker:
+    """A real worker (with beat) on the test database and the broker this process sends to (or
+    ``broker``), its Redis database emptied first; ``extra_env`` sets its Manta settings."""
     var = tmp_path_factory.mktemp(name)
-    broker = settings.CELERY_BROKER_URL
+    broker = broker or settings.CELERY_BROKER_URL
     redis.Redis.from_url(broker).flushdb()
     db = settings.DATABASES["default"]
     env = {
@@ -97,6 +100,8 @@ def start_worker(tmp_path_factory, name: str, **extra_env: str) -> Worker:
         # the same key on both sides: it encrypts launcher handles and webhook secrets
         "SECRET_KEY": settings.SECRET_KEY,
         "MANTA_VAR_DIR": str(var),
+        # the code packages this process's API stores, where the worker reads them
+        "MANTA_PACKAGE_STORAGE_OPTIONS": json.dumps(settings.STORAGES["packages"]["OPTIONS"]),
         "PYTHONUNBUFFERED": "1",
         **extra_env,
     }

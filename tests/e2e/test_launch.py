@@ -5,10 +5,12 @@ cluster, cancel, two clusters side by side, and a worker killed mid-job."""
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import time
 import uuid
+import zipfile
 
 import pytest
 
@@ -139,6 +141,30 @@ def test_job_succeeds_with_logs_and_advertised_resources(world, ray_work_dir):
     kinds = list(JobEvent.objects.filter(job_id=job_id).values_list("to_state", flat=True))
     assert kinds == ["queued", "launching", "running", "succeeded"]
     assert_cluster_gone(JobAttempt.objects.get(job_id=job_id), ray_work_dir)
+
+
+def test_a_package_of_the_developers_code_runs_on_its_cluster(world, ray_work_dir):
+    """The code travels as Ray ships a local directory: into the cluster's GCS through the
+    dashboard; the sandboxed cluster reads nothing of this host."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("train.py", "import helper, ray\nray.init()\nprint(helper.greet())\n")
+        archive.writestr("helper.py", "def greet():\n    return 'hello from a package'\n")
+    uploaded = world.client("developer").post(
+        WS + "packages/", data=buffer.getvalue(), content_type="application/zip"
+    )
+    assert uploaded.status_code == 201, uploaded.content
+    template = make_template(
+        world,
+        entrypoint="python train.py",
+        runtime_env={"working_dir": uploaded.json()["uri"]},
+        worker_groups=[],
+    )
+    job = wait_for(submit(world, template), TERMINAL)
+    attempt = JobAttempt.objects.get(job=job)
+    assert job.state == "succeeded", (job.failure_reason, job.message, attempt.log_archive)
+    assert "hello from a package" in attempt.log_archive
+    assert_cluster_gone(attempt, ray_work_dir)
 
 
 def test_failing_entrypoint_fails_with_rays_message(world, ray_work_dir):

@@ -180,6 +180,9 @@ class WorkspaceUpdateInput(serializers.Serializer):
         required=False,
         validators=[RegexValidator(r"^[a-z0-9][a-z0-9-]*$", "Use a compute target's name.")],
     )
+    adhoc_jobs = serializers.BooleanField(
+        required=False, help_text="Accept jobs submitted with a spec instead of a template"
+    )
 
 
 class WorkspaceOutput(serializers.ModelSerializer):
@@ -196,6 +199,7 @@ class WorkspaceOutput(serializers.ModelSerializer):
             "approval_policy",
             "approval_thresholds",
             "compute_target",
+            "adhoc_jobs",
             "archived_at",
             "created_at",
         ]

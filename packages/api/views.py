@@ -1,0 +1,68 @@
+"""Code packages of a workspace: upload a zip of a working directory, look one up."""
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+
+from packages import services
+from packages.models import CodePackage
+from workspaces import roles
+from workspaces.api.tenancy import WorkspaceViewSet
+
+from .serializers import PackageOutput
+
+ZIP_TYPES = ("application/zip", "application/octet-stream", "application/x-zip-compressed")
+
+
+class PackageViewSet(WorkspaceViewSet):
+    queryset = CodePackage.objects.none()
+    serializer_class = PackageOutput
+    permission_map = {
+        "list": roles.WS_VIEW,
+        "retrieve": roles.WS_VIEW,
+        "create": roles.WS_SUBMIT_JOB,
+    }
+
+    def scoped_queryset(self):
+        return CodePackage.objects.filter(workspace=self.workspace).select_related("uploaded_by")
+
+    @extend_schema(operation_id="packages_list")
+    def list(self, request, org=None, ws=None):
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(PackageOutput(page, many=True).data)
+
+    @extend_schema(operation_id="package_retrieve")
+    def retrieve(self, request, org=None, ws=None, sha256=None):
+        package = self.get_queryset().filter(sha256=sha256).first()
+        if package is None:
+            raise exceptions.NotFound("No such package in this workspace.")
+        return Response(PackageOutput(package).data)
+
+    @extend_schema(
+        operation_id="packages_upload",
+        request={"application/zip": OpenApiTypes.BINARY},
+        responses={
+            201: PackageOutput,
+            200: OpenApiResponse(PackageOutput, description="This content was uploaded before"),
+            413: OpenApiResponse(description="Larger than MANTA_PACKAGE_MAX_BYTES"),
+        },
+        description="The body is a zip of a working directory (paths relative to it, no `..`, "
+        "no absolute paths, no links), at most MANTA_PACKAGE_MAX_BYTES (default 100 MiB).",
+    )
+    def create(self, request, org=None, ws=None):
+        kind = (request.content_type or "").split(";")[0].strip()
+        if kind not in ZIP_TYPES:
+            raise exceptions.UnsupportedMediaType(
+                kind, detail=f"send the zip as the body with Content-Type: {ZIP_TYPES[0]}"
+            )
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or 0) or None
+        except ValueError:
+            length = None
+        # The raw stream: the body is never read into memory as a whole.
+        package, created = services.package_upload(
+            actor=self.actor, workspace=self.workspace, stream=request._request, length=length
+        )
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(PackageOutput(package).data, status=code)

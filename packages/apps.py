@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class PackagesConfig(AppConfig):
+    name = "packages"
+    default_auto_field = "django.db.models.BigAutoField"

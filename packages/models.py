@@ -1,0 +1,38 @@
+"""Code packages: zips of a working directory a developer uploaded to a workspace.
+
+The bytes are stored once per content (``sha256``) in the ``packages`` storage; a row records
+that a workspace holds that content, so a job can only use code uploaded to its own workspace.
+"""
+
+from django.conf import settings
+from django.db import models
+
+
+class CodePackage(models.Model):
+    workspace = models.ForeignKey(
+        "workspaces.Workspace", on_delete=models.PROTECT, related_name="packages"
+    )
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveBigIntegerField()
+    uploaded_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The last submission that referred to it: packages no job used for a while are deleted.
+    last_used_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "sha256"], name="uniq_package_content")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workspace_id}:{self.sha256[:12]}"
+
+    @property
+    def uri(self) -> str:
+        return f"{URI_PREFIX}{self.sha256}"
+
+
+URI_PREFIX = "manta://packages/"

@@ -1,0 +1,204 @@
+"""Receiving, checking, storing, finding and expiring code packages.
+
+An upload is streamed to a temporary file while it is hashed and counted (never held in memory,
+cut off as soon as it passes the limit), checked as a zip whose every entry stays inside the
+directory it unpacks to, and stored under its sha256 unless that content is stored already.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import re
+import shutil
+import stat
+import tempfile
+import zipfile
+from typing import BinaryIO
+
+from django.conf import settings
+from django.core.files import File
+from django.core.files.storage import storages
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from rest_framework import status
+
+from audit import services as audit
+from audit.context import Actor
+from config.errors import DomainError, InvalidInput
+from workspaces.models import Workspace
+
+from .models import URI_PREFIX, CodePackage
+
+CHUNK = 1024 * 1024
+MAX_ENTRIES = 100_000
+URI = re.compile(rf"^{re.escape(URI_PREFIX)}([0-9a-f]{{64}})$")
+
+
+class PackageTooLarge(DomainError):
+    type = "payload_too_large"
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+
+
+def storage():
+    return storages["packages"]
+
+
+def blob_name(sha256: str) -> str:
+    return f"{sha256[:2]}/{sha256}.zip"
+
+
+def package_upload(
+    *, actor: Actor, workspace: Workspace, stream: BinaryIO, length: int | None
+) -> tuple[CodePackage, bool]:
+    """Store the zip read from ``stream`` for ``workspace``; (package, created). The same
+    content uploaded again is stored once and answers the existing package."""
+    limit = settings.MANTA_PACKAGE_MAX_BYTES
+    if length is not None and length > limit:
+        raise _too_large(length)
+    with tempfile.NamedTemporaryFile(prefix="pkg-", suffix=".zip") as tmp:
+        digest, size = hashlib.sha256(), 0
+        while chunk := stream.read(CHUNK):
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, at_least=True)
+            digest.update(chunk)
+            tmp.write(chunk)
+        tmp.flush()
+        if size == 0:
+            raise InvalidInput.on("package", "the body is empty: send the zip as the body")
+        _check_zip(tmp.name)
+        sha256 = digest.hexdigest()
+        name = blob_name(sha256)
+        if not storage().exists(name):
+            tmp.seek(0)
+            storage().save(name, File(tmp))
+    try:
+        with transaction.atomic():
+            package = CodePackage.objects.create(
+                workspace=workspace, sha256=sha256, size=size, uploaded_by=actor.user
+            )
+            audit.record(
+                actor=actor,
+                action="package.upload",
+                target=package,
+                target_repr=f"package {sha256[:12]}",
+                workspace=workspace,
+                changes={"sha256": [None, sha256]},
+                metadata={"size": size},
+            )
+    except IntegrityError:
+        return CodePackage.objects.get(workspace=workspace, sha256=sha256), False
+    return package, True
+
+
+def _too_large(size: int, *, at_least: bool = False) -> PackageTooLarge:
+    limit = settings.MANTA_PACKAGE_MAX_BYTES
+    what = f"more than {limit}" if at_least else str(size)
+    return PackageTooLarge(
+        f"the package is {what} bytes; the limit is {limit} bytes (MANTA_PACKAGE_MAX_BYTES)",
+        errors={"package": [f"larger than the limit of {limit} bytes"]},
+    )
+
+
+def _check_zip(path: str) -> None:
+    """A zip whose entries all unpack inside its directory: no absolute paths, no ``..``, no
+    links, no device files, and not more in total than MANTA_PACKAGE_MAX_UNPACKED_BYTES."""
+    if not zipfile.is_zipfile(path):
+        raise InvalidInput.on("package", "not a zip archive")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise InvalidInput.on("package", f"not a readable zip archive: {exc}") from exc
+    if len(entries) > MAX_ENTRIES:
+        raise InvalidInput.on("package", f"more than {MAX_ENTRIES} entries")
+    unpacked = 0
+    for entry in entries:
+        rule = _entry_rule(entry)
+        if rule:
+            message = f"entry {entry.filename!r}: {rule}"
+            raise InvalidInput(message, errors={"package": [message]})
+        unpacked += entry.file_size
+    limit = settings.MANTA_PACKAGE_MAX_UNPACKED_BYTES
+    if unpacked > limit:
+        raise InvalidInput.on("package", f"unpacks to {unpacked} bytes; the limit is {limit} bytes")
+
+
+def _entry_rule(entry: zipfile.ZipInfo) -> str:
+    name = entry.filename
+    if "\x00" in name:
+        return "a name may not contain NUL"
+    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+        return "absolute paths are not allowed"
+    if ".." in re.split(r"[/\\]", name):
+        return "'..' is not allowed in a path"
+    kind = stat.S_IFMT(entry.external_attr >> 16)
+    if kind == stat.S_IFLNK:
+        return "links are not allowed"
+    if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
+        return "only files and directories are allowed"
+    return ""
+
+
+def sha_of(uri: str) -> str | None:
+    """The sha256 a ``manta://packages/<sha256>`` URI names (None for anything else)."""
+    match = URI.match(uri or "")
+    return match.group(1) if match else None
+
+
+def package_require(workspace: Workspace, uri: str, *, field: str) -> CodePackage:
+    """The workspace's package ``uri`` names, marked as used now; a 400 on ``field`` when the
+    workspace has no such package (a package of another workspace does not exist here)."""
+    sha256 = sha_of(uri)
+    package = sha256 and CodePackage.objects.filter(workspace=workspace, sha256=sha256).first()
+    if not package:
+        raise InvalidInput.on(field, f"no package {uri!r} in this workspace: upload it first")
+    CodePackage.objects.filter(pk=package.pk).update(last_used_at=timezone.now())
+    return package
+
+
+def local_path(sha256: str) -> str:
+    """A path on this host holding the package's zip (a copy for remote storage)."""
+    name = blob_name(sha256)
+    try:
+        return storage().path(name)
+    except NotImplementedError:  # object storage: keep a local copy
+        cache = os.path.join(settings.VAR_DIR, "package-cache")
+        os.makedirs(cache, exist_ok=True)
+        target = os.path.join(cache, f"{sha256}.zip")
+        if not os.path.exists(target):
+            with (
+                storage().open(name, "rb") as src,
+                tempfile.NamedTemporaryFile(dir=cache, delete=False) as dst,
+            ):
+                shutil.copyfileobj(src, dst)
+            os.replace(dst.name, target)
+        return target
+
+
+def packages_expire(now: dt.datetime | None = None) -> int:
+    """Delete packages no job used for MANTA_PACKAGE_RETENTION_DAYS, and the stored content no
+    workspace holds any more. Returns how many packages were deleted."""
+    from jobs.models import TERMINAL_STATES, Job
+
+    now = now or timezone.now()
+    cutoff = now - dt.timedelta(days=settings.MANTA_PACKAGE_RETENTION_DAYS)
+    stale = CodePackage.objects.filter(last_used_at__lt=cutoff)
+    deleted = 0
+    for package in stale:
+        in_use = (
+            Job.objects.filter(
+                workspace_id=package.workspace_id, spec__runtime_env__working_dir=package.uri
+            )
+            .exclude(state__in=TERMINAL_STATES)
+            .exists()
+        )
+        if in_use:
+            continue
+        package.delete()
+        deleted += 1
+        if not CodePackage.objects.filter(sha256=package.sha256).exists():
+            storage().delete(blob_name(package.sha256))
+    return deleted

@@ -1,0 +1,178 @@
+"""Code packages: upload a zip of a working directory, stored once per content, checked entry by
+entry, used by jobs of its own workspace only, and expired once no job uses it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import stat
+import zipfile
+from pathlib import Path
+
+import pytest
+from django.core.files.storage import storages
+from django.utils import timezone
+
+from audit.context import Actor
+from jobs import services as job_services
+from jobs.models import Job
+from packages import services
+from packages.models import CodePackage
+from tests.conftest import SYSTEM
+from workspaces import services as ws_services
+
+WS = "/api/v1/orgs/acme/workspaces/ml/"
+
+
+def zip_of(files: dict[str, str], links: dict[str, str] | None = None) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+        for name, target in (links or {}).items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            archive.writestr(info, target)
+    return buffer.getvalue()
+
+
+CODE = zip_of(
+    {"train.py": "import helper\nprint(helper.GREETING)\n", "helper.py": "GREETING = 'hi'\n"}
+)
+
+
+@pytest.fixture(autouse=True)
+def package_store(tmp_path, settings):
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "packages": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path / "packages")},
+        },
+    }
+    return tmp_path / "packages"
+
+
+def blobs(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.zip")) if root.exists() else []
+
+
+def upload(world, body: bytes, who="developer", ws=WS, content_type="application/zip"):
+    return world.client(who).post(ws + "packages/", data=body, content_type=content_type)
+
+
+def test_the_same_content_is_stored_once(world, package_store):
+    first = upload(world, CODE)
+    assert first.status_code == 201, first.content
+    body = first.json()
+    assert body["uri"] == f"manta://packages/{body['sha256']}" and body["size"] == len(CODE)
+    assert body["uploaded_by"] == "dev@acme.test"
+    again = upload(world, CODE)
+    assert again.status_code == 200 and again.json()["sha256"] == body["sha256"]
+    assert len(blobs(package_store)) == 1
+    assert CodePackage.objects.count() == 1
+    got = world.client("viewer").get(f"{WS}packages/{body['sha256']}/")
+    assert got.status_code == 200 and got.json()["sha256"] == body["sha256"]
+    assert world.client("viewer").get(f"{WS}packages/{'0' * 64}/").status_code == 404
+
+
+def test_another_workspace_does_not_see_a_package_it_did_not_upload(world, package_store):
+    sha = upload(world, CODE).json()["sha256"]
+    ws_services.workspace_create(actor=SYSTEM, organization=world.org, slug="other", name="O")
+    ws_services.member_add(
+        actor=SYSTEM,
+        workspace=world.org.workspaces.get(slug="other"),
+        email="dev@acme.test",
+        role="developer",
+    )
+    other = "/api/v1/orgs/acme/workspaces/other/"
+    assert world.client("developer").get(f"{other}packages/{sha}/").status_code == 404
+    # Uploading it there too: a row of that workspace, the bytes still stored once.
+    assert upload(world, CODE, ws=other).status_code == 201
+    assert len(blobs(package_store)) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "entry", "rule"),
+    [
+        (zip_of({"../evil.py": "x"}), "../evil.py", "'..' is not allowed"),
+        (zip_of({"a/../../evil.py": "x"}), "a/../../evil.py", "'..' is not allowed"),
+        (zip_of({"/etc/cron.d/evil": "x"}), "/etc/cron.d/evil", "absolute paths"),
+        (zip_of({"C:/evil": "x"}), "C:/evil", "absolute paths"),
+        (zip_of({"ok.py": "x"}, links={"out": "/etc/passwd"}), "out", "links are not allowed"),
+    ],
+)
+def test_entries_that_leave_the_directory_are_refused_naming_them(
+    world, package_store, body, entry, rule
+):
+    response = upload(world, body)
+    assert response.status_code == 400, response.content
+    message = response.json()["errors"]["package"][0]
+    assert repr(entry) in message and rule in message
+    assert not CodePackage.objects.exists() and blobs(package_store) == []
+
+
+def test_not_a_zip_an_empty_body_and_another_media_type_are_refused(world, package_store):
+    assert "not a zip archive" in str(upload(world, b"hello").json())
+    assert "empty" in str(upload(world, b"").json())
+    refused = upload(world, CODE, content_type="application/json")
+    assert refused.status_code == 415 and "application/zip" in refused.json()["detail"]
+    assert not CodePackage.objects.exists() and blobs(package_store) == []
+
+
+def test_an_oversize_upload_is_413_with_the_limit(world, package_store, settings):
+    settings.MANTA_PACKAGE_MAX_BYTES = 100
+    response = upload(world, CODE)
+    assert response.status_code == 413
+    assert "the limit is 100 bytes" in response.json()["detail"]
+    assert not CodePackage.objects.exists() and blobs(package_store) == []
+
+
+def test_a_zip_that_unpacks_past_the_limit_is_refused(world, settings):
+    settings.MANTA_PACKAGE_MAX_UNPACKED_BYTES = 1000
+    body = zip_of({"big.txt": "0" * 5000})  # compresses to a few bytes
+    response = upload(world, body)
+    assert response.status_code == 400 and "unpacks to 5000 bytes" in str(response.json())
+
+
+def test_viewers_cannot_upload(world):
+    assert upload(world, CODE, who="viewer").status_code == 403
+
+
+def test_jobs_run_packages_of_their_own_workspace_only(world, template):
+    from jobs.models import JobTemplateVersion
+
+    version = JobTemplateVersion.objects.get(template=template, version=template.latest_version)
+    version.allowed_overrides = [*version.allowed_overrides, "runtime_env"]
+    version.save()
+    dev = Actor.for_user(world.users["developer"])
+    sha = upload(world, CODE).json()["sha256"]
+    job, _ = job_services.job_submit(
+        actor=dev,
+        workspace=world.ws,
+        template=template,
+        overrides={"runtime_env": {"working_dir": f"manta://packages/{sha}"}},
+    )
+    assert job.spec["runtime_env"]["working_dir"] == f"manta://packages/{sha}"
+    unknown = {"runtime_env": {"working_dir": f"manta://packages/{'a' * 64}"}}
+    response = world.client("developer").post(
+        WS + "jobs/", {"template": template.pk, "overrides": unknown}, format="json"
+    )
+    assert response.status_code == 400
+    assert "upload it first" in response.json()["errors"]["runtime_env.working_dir"][0]
+    bad = {"runtime_env": {"working_dir": "manta://packages/../../etc"}}
+    response = world.client("developer").post(
+        WS + "jobs/", {"template": template.pk, "overrides": bad}, format="json"
+    )
+    assert response.status_code == 400 and "manta://packages/<sha256>" in str(response.json())
+    assert Job.objects.count() == 1
+
+
+def test_packages_no_job_used_for_the_retention_period_expire(world, package_store, settings):
+    sha = upload(world, CODE).json()["sha256"]
+    now = timezone.now()
+    assert services.packages_expire(now) == 0
+    later = now + dt.timedelta(days=settings.MANTA_PACKAGE_RETENTION_DAYS + 1)
+    assert services.packages_expire(later) == 1
+    assert not CodePackage.objects.filter(sha256=sha).exists() and blobs(package_store) == []
+    assert not storages["packages"].exists(services.blob_name(sha))
