@@ -23,7 +23,9 @@ import dataclasses
 import datetime as dt
 import logging
 import threading
+import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
@@ -688,6 +690,44 @@ def _is_uuid(value: str) -> bool:
 
 
 # --- reads that need a launcher ----------------------------------------------------------------
+
+
+FOLLOW_WAIT_SECONDS = 600  # how long a follower waits for a launch or for the archive
+
+
+def job_log_stream(job: Job, *, number: int | None = None, since: int = 0) -> Iterator[str]:
+    """The driver log of an attempt (the latest by default) from ``since`` on, as it grows,
+    until the attempt ends: live from Ray chunk by chunk (nothing is read whole), then what
+    the archive holds beyond it once written."""
+    attempts = job.attempts.order_by("-number")
+    attempt = attempts.filter(number=number).first() if number else attempts.first()
+    if attempt is None:
+        return
+    deadline = time.monotonic() + FOLLOW_WAIT_SECONDS
+    while not attempt.submitted and attempt.state in ATTEMPT_ACTIVE:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.5)  # its cluster is starting
+        attempt.refresh_from_db()
+    position = 0
+    if attempt.submitted and attempt.torn_down_at is None:
+        target = resolve_target(job)
+        launcher = launcher_for(target.kind, target.config)
+        try:
+            for chunk in launcher.follow_logs(handle_of(attempt)):
+                fresh = chunk[max(0, since - position) :]
+                position += len(chunk)
+                if fresh:
+                    yield fresh
+        except LaunchError:
+            pass  # the cluster went away: the archive has the rest
+        while attempt.torn_down_at is None and time.monotonic() < deadline:
+            time.sleep(0.5)  # the end of the attempt writes the archive
+            attempt.refresh_from_db()
+    begin = max(position, since)
+    text, start = attempt.log_archive, attempt.log_start
+    if begin < start + len(text):
+        yield text[max(0, begin - start) :]
 
 
 def job_logs(

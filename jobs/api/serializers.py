@@ -402,10 +402,13 @@ class LogsQuery(serializers.Serializer):
     tail = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
     since = serializers.IntegerField(min_value=0, max_value=2**62, required=False)
     attempt = serializers.IntegerField(min_value=1, required=False)
+    follow = serializers.BooleanField(required=False, default=False)
 
     def validate(self, attrs):
         if "tail" in attrs and "since" in attrs:
             raise serializers.ValidationError({"since": ["cannot be combined with tail"]})
+        if "tail" in attrs and attrs["follow"]:
+            raise serializers.ValidationError({"follow": ["cannot be combined with tail"]})
         return attrs
 
 

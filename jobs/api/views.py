@@ -1,6 +1,7 @@
 """Template and job endpoints. Views only translate: parse, call one service, render."""
 
 import django_filters
+from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.decorators import action
@@ -249,6 +250,12 @@ class JobViewSet(WorkspaceViewSet):
                 description="Only the text after this offset (the offset of a previous answer)",
             ),
             OpenApiParameter("attempt", int, description="Attempt number (default: latest)"),
+            OpenApiParameter(
+                "follow",
+                bool,
+                description="Stream the log as text/plain while it grows, until the attempt "
+                "ends (from since= when given)",
+            ),
         ],
         responses=s.JobLogsOutput,
     )
@@ -258,6 +265,11 @@ class JobViewSet(WorkspaceViewSet):
         params.is_valid(raise_exception=True)
         job = self._job(pk)
         query = params.validated_data
+        if query["follow"]:
+            stream = execution.job_log_stream(
+                job, number=query.get("attempt"), since=query.get("since") or 0
+            )
+            return StreamingHttpResponse(stream, content_type="text/plain; charset=utf-8")
         body = execution.job_logs(
             job, number=query.get("attempt"), tail=query.get("tail"), since=query.get("since")
         )

@@ -9,6 +9,7 @@ the attempt row (so a Celery worker killed mid-job can be replaced and the new o
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 # Ray job statuses (ray.job_submission.JobStatus values) as plain strings.
@@ -89,6 +90,10 @@ class Launcher(Protocol):
 
     def logs(self, handle: dict[str, Any], *, tail: int | None = None) -> str:
         """The driver log so far (the last ``tail`` lines when given)."""
+
+    def follow_logs(self, handle: dict[str, Any]) -> Iterator[str]:
+        """The driver log from its start, chunk by chunk as it is written, until the job ends.
+        Raises LaunchError when the cluster stops answering first."""
 
     def heal(self, handle: dict[str, Any], *, max_restarts: int) -> list[dict[str, Any]]:
         """Bring back the cluster's dead worker nodes, with the same spec; returns the nodes

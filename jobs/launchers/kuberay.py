@@ -28,7 +28,8 @@ import json
 import os
 import re
 import shlex
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -653,6 +654,19 @@ class KubeRayLauncher:
             return response.data.decode("utf-8", errors="replace")
         finally:
             response.release_conn()
+
+    def follow_logs(self, handle: dict[str, Any]) -> Iterator[str]:
+        """The submitter pod's log, polled once a second (Kubernetes streams it too, but the
+        pod of a retried submitter changes under a stream)."""
+        sent = 0
+        while True:
+            text = self.logs(handle)
+            if len(text) > sent:
+                yield text[sent:]
+                sent = len(text)
+            if self.status(handle).status in RAY_TERMINAL:
+                return
+            time.sleep(1.0)
 
     def heal(self, handle: dict[str, Any], *, max_restarts: int) -> list[dict[str, Any]]:
         # KubeRay heals worker nodes itself: their pods restart in place (restartPolicy

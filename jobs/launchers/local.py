@@ -79,7 +79,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import requests
@@ -257,6 +257,9 @@ class LocalRayLauncher:
             if text is None:
                 raise
             return ray_jobs.tail_lines(text, tail)
+
+    def follow_logs(self, handle: dict[str, Any]) -> Iterator[str]:
+        return ray_jobs.follow_logs(self.client(handle), handle["submission_id"])
 
     def stop(self, handle: dict[str, Any]) -> None:
         """Kill every process of the cluster (worker nodes before the head) and delete its temp

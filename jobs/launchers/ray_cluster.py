@@ -14,7 +14,7 @@ whatever the shared cluster has (see the README's security section).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from config import ssrf
@@ -92,6 +92,9 @@ class RayClusterLauncher:
 
     def logs(self, handle: dict[str, Any], *, tail: int | None = None) -> str:
         return ray_jobs.job_logs(self._client(), handle["submission_id"], tail=tail)
+
+    def follow_logs(self, handle: dict[str, Any]) -> Iterator[str]:
+        return ray_jobs.follow_logs(self._client(), handle["submission_id"])
 
     def heal(self, handle: dict[str, Any], *, max_restarts: int) -> list[dict[str, Any]]:
         return []  # a shared cluster's nodes are its operator's to keep

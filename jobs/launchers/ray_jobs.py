@@ -17,11 +17,14 @@ launchers (web workers) never talk to a cluster.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .base import RAY_TERMINAL, LaunchError, RayJobState
@@ -191,6 +194,28 @@ def job_logs(client: JobSubmissionClient, submission_id: str, *, tail: int | Non
             f"Reading the logs of Ray job {submission_id} failed: {_describe(exc)}"
         ) from exc
     return tail_lines(text, tail)
+
+
+def follow_logs(client: JobSubmissionClient, submission_id: str) -> Iterator[str]:
+    """The job's driver log from its start, chunk by chunk as the driver writes it, until the
+    job ends (Ray's websocket tail: nothing is read whole). LaunchError when the cluster stops
+    answering before that."""
+    loop = asyncio.new_event_loop()
+    chunks = client.tail_job_logs(submission_id)
+    try:
+        while True:
+            try:
+                yield loop.run_until_complete(chunks.__anext__())
+            except StopAsyncIteration:
+                return
+            except Exception as exc:
+                raise LaunchError(
+                    f"Following the logs of Ray job {submission_id} failed: {_describe(exc)}"
+                ) from exc
+    finally:
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(chunks.aclose())
+        loop.close()
 
 
 def stop_job(client: JobSubmissionClient, submission_id: str) -> bool:

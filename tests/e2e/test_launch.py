@@ -167,6 +167,40 @@ def test_a_package_of_the_developers_code_runs_on_its_cluster(world, ray_work_di
     assert_cluster_gone(attempt, ray_work_dir)
 
 
+def test_follow_streams_the_log_while_the_job_runs_and_ends_with_it(world, ray_work_dir):
+    code = (
+        "import time; [print('line', n, flush=True) or time.sleep(0.4) for n in range(15)]; "
+        "print('the end')"
+    )
+    template = make_template(world, entrypoint=py(code), worker_groups=[])
+    job_id = submit(world, template)
+    response = world.client("developer").get(f"{WS}jobs/{job_id}/logs/", {"follow": "true"})
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
+    chunks, states = [], []
+    for chunk in response.streaming_content:
+        chunks.append(chunk.decode())
+        states.append(Job.objects.get(pk=job_id).state)
+    text = "".join(chunks)
+    lines = [line for line in text.splitlines() if line.startswith("line ")]
+    assert lines == [f"line {n}" for n in range(15)] and text.rstrip().endswith("the end")
+    assert "running" in states  # lines came while it ran, not at the end
+    job = wait_for(job_id, TERMINAL)
+    assert job.state == "succeeded"
+    # From an offset: only what came after it, whether followed or read at once.
+    offset = text.index("line 10")
+    again = world.client("developer").get(
+        f"{WS}jobs/{job_id}/logs/", {"follow": "true", "since": offset}
+    )
+    rest = b"".join(again.streaming_content).decode()
+    assert rest == text[offset:] and rest.startswith("line 10")
+    assert logs_of_since(world, job_id, offset) == rest
+
+
+def logs_of_since(world, job_id: int, since: int) -> str:
+    answer = world.client("developer").get(f"{WS}jobs/{job_id}/logs/", {"since": since})
+    return answer.json()["logs"]
+
+
 def test_failing_entrypoint_fails_with_rays_message(world, ray_work_dir):
     template = make_template(
         world, entrypoint=py("import sys; print('about to fail'); sys.exit(3)")

@@ -79,6 +79,15 @@ def test_the_archive_answers_once_written_and_keeps_offsets_of_the_whole_log(wor
     assert logs(world, attempt.job_id, since=0)["logs"] == body["logs"]
 
 
+def test_following_an_ended_attempt_streams_its_archive_from_since(world, attempt):
+    JobAttempt.objects.filter(pk=attempt.pk).update(torn_down_at=timezone.now(), state="failed")
+    url = f"{WS}jobs/{attempt.job_id}/logs/"
+    whole = world.client("developer").get(url, {"follow": "true"})
+    assert b"".join(whole.streaming_content).decode() == LOG
+    rest = world.client("developer").get(url, {"follow": "true", "since": len(LOG) - 7})
+    assert b"".join(rest.streaming_content).decode() == "line 9\n"
+
+
 def test_a_shorter_log_never_replaces_a_longer_copy(attempt):
     execution._save_log(attempt.pk, "line 0\n")
     attempt.refresh_from_db()
@@ -95,6 +104,8 @@ def test_a_shorter_log_never_replaces_a_longer_copy(attempt):
         ({"since": "abc"}, "since", "A valid integer is required"),
         ({"since": 3, "tail": 2}, "since", "cannot be combined with tail"),
         ({"tail": 0}, "tail", "greater than or equal to 1"),
+        ({"tail": 2, "follow": "true"}, "follow", "cannot be combined with tail"),
+        ({"follow": "maybe"}, "follow", "Must be a valid boolean"),
     ],
 )
 def test_bad_log_queries_are_refused_naming_the_field(world, attempt, params, field, rule):
