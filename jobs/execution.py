@@ -56,7 +56,7 @@ from .launchers.base import (
     NodeFailures,
     RayJobState,
 )
-from .models import ATTEMPT_ACTIVE, AttemptState, Job, JobAttempt, JobState
+from .models import ATTEMPT_ACTIVE, TERMINAL_STATES, AttemptState, Job, JobAttempt, JobState
 from .state import InvalidTransition, record_event, transition, transition_many
 
 logger = logging.getLogger(__name__)
@@ -699,11 +699,17 @@ def job_log_stream(job: Job, *, number: int | None = None, since: int = 0) -> It
     """The driver log of an attempt (the latest by default) from ``since`` on, as it grows,
     until the attempt ends: live from Ray chunk by chunk (nothing is read whole), then what
     the archive holds beyond it once written."""
+    deadline = time.monotonic() + FOLLOW_WAIT_SECONDS
     attempts = job.attempts.order_by("-number")
     attempt = attempts.filter(number=number).first() if number else attempts.first()
+    while attempt is None and number is None and time.monotonic() < deadline:
+        # a job waiting for approval or admission: its first attempt's log is what comes next
+        if Job.objects.filter(pk=job.pk, state__in=TERMINAL_STATES).exists():
+            return
+        time.sleep(0.5)
+        attempt = attempts.first()
     if attempt is None:
         return
-    deadline = time.monotonic() + FOLLOW_WAIT_SECONDS
     while not attempt.submitted and attempt.state in ATTEMPT_ACTIVE:
         if time.monotonic() > deadline:
             return

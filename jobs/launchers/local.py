@@ -61,6 +61,7 @@ Settings read from ``request.target_config`` (all optional):
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import dataclasses
 import json
@@ -87,6 +88,7 @@ import requests
 from . import ray_jobs
 from .base import (
     RAY_FAILED,
+    RAY_TERMINAL,
     LaunchAbandoned,
     LaunchError,
     LaunchRequest,
@@ -123,6 +125,8 @@ DEFAULT_STOP_GRACE = 3.0
 # After SIGKILL, how long to wait for every process to be gone (reaped) before giving up.
 KILL_WAIT = 15.0
 ZOMBIE_WAIT = 3.0
+FOLLOW_POLL = 0.2  # seconds between reads at the end of a followed driver log
+FOLLOW_CHUNK = 65536
 START_ATTEMPTS = 3  # a port taken between our check and Ray's bind costs one more attempt
 
 # `ray start` flag for each port a node listens on. Ray's fixed defaults (6379, 8265, 10001,
@@ -259,7 +263,35 @@ class LocalRayLauncher:
             return ray_jobs.tail_lines(text, tail)
 
     def follow_logs(self, handle: dict[str, Any]) -> Iterator[str]:
-        return ray_jobs.follow_logs(self.client(handle), handle["submission_id"])
+        """Read from the driver log the head writes on this host, 64 KiB at a time, every
+        FOLLOW_POLL seconds at its end (Ray's own tail polls once a second, through two
+        hops); Ray's tail where this process cannot see the cluster's files."""
+        if not os.path.isdir(handle.get("temp_dir") or ""):
+            yield from ray_jobs.follow_logs(self.client(handle), handle["submission_id"])
+            return
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        log, ended, asked = None, False, 0.0
+        try:
+            while True:
+                log = log or _open_driver_log(handle)
+                chunk = log.read(FOLLOW_CHUNK) if log is not None else b""
+                if chunk:
+                    yield decoder.decode(chunk)
+                    continue
+                if ended:
+                    rest = decoder.decode(b"", final=True)
+                    if rest:
+                        yield rest
+                    return
+                if time.monotonic() - asked >= 1.0:
+                    asked = time.monotonic()
+                    # once Ray says the job ended, read what is left, then stop
+                    ended = self.status(handle).status in RAY_TERMINAL
+                    continue
+                time.sleep(FOLLOW_POLL)
+        finally:
+            if log is not None:
+                log.close()
 
     def stop(self, handle: dict[str, Any]) -> None:
         """Kill every process of the cluster (worker nodes before the head) and delete its temp
@@ -1033,35 +1065,53 @@ def _session_logs(node: dict[str, Any]):
             os.close(fd)
 
 
-def _read_session_file(
-    node: dict[str, Any], logs_fd: int, name: str, limit: int | None = 32768
-) -> str | None:
-    """The end of a regular file in the node's session logs that the node's own user owns."""
+def _open_session_file(node: dict[str, Any], logs_fd: int, name: str):
+    """A regular file in the node's session logs that the node's own user owns, opened for
+    reading without following a link (None when there is none)."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(name, flags, dir_fd=logs_fd)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        owner = node.get("uid")
-        if not stat.S_ISREG(info.st_mode) or (owner is not None and info.st_uid != owner):
-            return None
+    info = os.fstat(fd)
+    owner = node.get("uid")
+    if not stat.S_ISREG(info.st_mode) or (owner is not None and info.st_uid != owner):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def _read_session_file(
+    node: dict[str, Any], logs_fd: int, name: str, limit: int | None = 32768
+) -> str | None:
+    """The end of a regular file in the node's session logs that the node's own user owns."""
+    f = _open_session_file(node, logs_fd, name)
+    if f is None:
+        return None
+    with f:
         if limit is not None:
-            f.seek(max(0, info.st_size - limit))
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
         return f.read().decode(errors="replace")
 
 
-def _driver_log_file(handle: dict[str, Any]) -> str | None:
-    """The driver log the head node keeps on disk (None when there is none)."""
+def _open_driver_log(handle: dict[str, Any]):
+    """The driver log the head node keeps on disk, opened (None when there is none yet)."""
     nodes = handle.get("nodes") or []
     if not nodes:
         return None
     with _session_logs(nodes[0]) as fd:
         if fd is None:
             return None
-        name = f"job-driver-{handle.get('submission_id')}.log"
-        return _read_session_file(nodes[0], fd, name, limit=None)
+        return _open_session_file(nodes[0], fd, f"job-driver-{handle.get('submission_id')}.log")
+
+
+def _driver_log_file(handle: dict[str, Any]) -> str | None:
+    """The driver log the head node keeps on disk (None when there is none)."""
+    f = _open_driver_log(handle)
+    if f is None:
+        return None
+    with f:
+        return f.read().decode(errors="replace")
 
 
 def _read_end(path: str, limit: int = 32768) -> str:
