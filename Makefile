@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell sha1sum requirements.lock | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat requirements.lock cli/pyproject.toml | sha1sum | cut -c1-12)
 
 .PHONY: install system-deps test demo lint format lock bench migrate serve worker clean
 
@@ -13,10 +13,11 @@ STAMP := $(VENV)/.installed-$(shell sha1sum requirements.lock | cut -c1-12)
 # elsewhere the worker says at start-up what it lacks.
 SYSTEM_TOOLS := slirp4netns
 
-$(STAMP): requirements.lock
+$(STAMP): requirements.lock cli/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e ./cli
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

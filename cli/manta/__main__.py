@@ -1,0 +1,3 @@
+from manta.cli import app
+
+app(prog_name="manta")

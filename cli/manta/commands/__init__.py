@@ -1,0 +1,1 @@
+"""The commands of the `manta` CLI, grouped by what they are about; cli.py assembles them."""
