@@ -4,14 +4,8 @@ is left and the quota books balance. Real gunicorn, Celery, PostgreSQL, Redis an
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -20,7 +14,7 @@ from jobs.models import Job, JobAttempt
 from quotas.models import Reservation
 from quotas.services import reconcile
 from tests.conftest import build_world
-from tests.e2e.conftest import ROOT, cluster_processes, start_launch_worker
+from tests.e2e.conftest import Api, cluster_processes, start_launch_worker
 from tests.e2e.test_launch import WS, marker_entrypoint, py, runs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
@@ -28,41 +22,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 TERMINAL = {"succeeded", "failed", "cancelled", "rejected"}
 # Two 1-CPU clusters at a time: a third job waits in the queue for the host's capacity.
 CAPACITY = "cpu=2,memory_gb=64"
-
-
-class Api:
-    """gunicorn serving the API on a free loopback port, with the worker's environment."""
-
-    def __init__(self, env: dict[str, str], log: Path):
-        self.env, self.log, self.proc = env, log, None
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-    def start(self) -> None:
-        out = open(self.log, "a")  # noqa: SIM115  (kept for the process's lifetime)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "config.wsgi", "-b", self.base[7:], "-w", "2"],
-            cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{self.base}/healthz", timeout=2).ok:
-                    return
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            time.sleep(0.3)
-        raise AssertionError(f"the API did not start:\n{self.log.read_text()[-3000:]}")
-
-    def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
 
 
 @pytest.fixture
