@@ -42,6 +42,8 @@ from pathlib import Path
 from common import CeleryWorker, bench_workspace, configure
 from webhooks import ReceiverProcess
 
+from tests.e2e.conftest import FAST_RECOVERY, cluster_processes
+
 TASKS = (
     "python -c \"import ray, time; ray.init(); print('run started', flush=True); "
     "f = ray.remote(num_cpus=1)(lambda i: (time.sleep(1), i)[1]); "
@@ -107,12 +109,7 @@ def main() -> None:
     env = configure(
         "manta_bench_chaos",
         CELERY_BROKER_URL=redis_server.url,
-        MANTA_SWEEP_INTERVAL_SECONDS="2",
-        MANTA_HEARTBEAT_STALE_SECONDS="6",
-        MANTA_LEASE_SECONDS="6",
-        MANTA_FOLLOW_INTERVAL_SECONDS="0.5",
-        MANTA_CLUSTER_LOST_SECONDS="6",
-        MANTA_LOG_SAVE_SECONDS="1",
+        **FAST_RECOVERY,
         MANTA_LOCAL_CAPACITY="cpu=2,memory_gb=64",
         WEBHOOK_ALLOWED_NETWORKS="127.0.0.0/8",
         WEBHOOK_ALLOW_HTTP="true",
@@ -126,7 +123,6 @@ def main() -> None:
     from jobs.models import ATTEMPT_ACTIVE, Job, JobAttempt, JobEvent
     from notifications import services as hooks
     from notifications.models import DomainEvent
-    from tests.e2e.conftest import cluster_processes
     from workspaces import services as ws_services
 
     world = bench_workspace(SPEC)

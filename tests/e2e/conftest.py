@@ -148,6 +148,17 @@ def start_worker(
     return proc
 
 
+# Short intervals, so lost work is found again within seconds (bench/chaos.py uses them too).
+FAST_RECOVERY = {
+    "MANTA_SWEEP_INTERVAL_SECONDS": "2",
+    "MANTA_HEARTBEAT_STALE_SECONDS": "6",
+    "MANTA_LEASE_SECONDS": "6",
+    "MANTA_FOLLOW_INTERVAL_SECONDS": "0.5",
+    "MANTA_CLUSTER_LOST_SECONDS": "6",
+    "MANTA_LOG_SAVE_SECONDS": "1",
+}
+
+
 def start_launch_worker(tmp_path_factory, ray_work_dir: str, **extra_env: str) -> Worker:
     """A worker that launches local clusters under ``ray_work_dir``, with short intervals so
     lost work is found again within seconds."""
@@ -155,13 +166,7 @@ def start_launch_worker(tmp_path_factory, ray_work_dir: str, **extra_env: str) -
         tmp_path_factory,
         "worker-var",
         MANTA_LOCAL_RAY_DIR=ray_work_dir,
-        MANTA_SWEEP_INTERVAL_SECONDS="2",
-        MANTA_HEARTBEAT_STALE_SECONDS="6",
-        MANTA_LEASE_SECONDS="6",
-        MANTA_FOLLOW_INTERVAL_SECONDS="0.5",
-        MANTA_CLUSTER_LOST_SECONDS="6",
-        MANTA_LOG_SAVE_SECONDS="1",
-        **extra_env,
+        **{**FAST_RECOVERY, **extra_env},
     )
 
 

@@ -85,6 +85,19 @@ def submit(world, template_id, who="developer"):
     return response.json()["id"]
 
 
+def wait_cancelled_and_gone(job_id: int, work_dir: str, timeout: float) -> JobAttempt:
+    """The job's attempt once it is cancelled and no process of any cluster is left."""
+    attempt = JobAttempt.objects.get(job_id=job_id)
+    deadline = time.monotonic() + timeout
+    while (attempt.state != "cancelled" or cluster_processes(work_dir)) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.3)
+        attempt.refresh_from_db()
+    assert attempt.state == "cancelled"
+    return attempt
+
+
 def logs_of(world, job_id: int) -> str:
     return world.client("developer").get(f"{WS}jobs/{job_id}/logs/").json()["logs"]
 
@@ -356,14 +369,7 @@ def test_cancel_while_the_cluster_starts_stops_the_start(world, e2e, ray_work_di
         time.sleep(0.1)
     response = world.client("developer").post(f"{WS}jobs/{job_id}/cancel/", {}, format="json")
     assert response.status_code == 200
-    attempt = JobAttempt.objects.get(job_id=job_id)
-    deadline = time.monotonic() + 60
-    while (attempt.state != "cancelled" or cluster_processes(ray_work_dir)) and (
-        time.monotonic() < deadline
-    ):
-        time.sleep(0.3)
-        attempt.refresh_from_db()
-    assert attempt.state == "cancelled"
+    attempt = wait_cancelled_and_gone(job_id, ray_work_dir, timeout=60)
     assert cluster_processes(ray_work_dir) == []
     assert attempt.cluster_ready_at is None and not attempt.handle_encrypted
     log = e2e.log_path.read_text(errors="replace")
@@ -386,14 +392,8 @@ def test_launch_killed_then_job_cancelled_leaves_no_orphan(world, e2e, ray_work_
     response = world.client("developer").post(f"{WS}jobs/{job_id}/cancel/", {}, format="json")
     assert response.status_code == 200 and response.json()["state"] == "cancelled"
     e2e.start()
-    attempt = JobAttempt.objects.get(job_id=job_id)
-    deadline = time.monotonic() + 90
-    while (attempt.state != "cancelled" or cluster_processes(ray_work_dir)) and (
-        time.monotonic() < deadline
-    ):
-        time.sleep(0.5)
-        attempt.refresh_from_db()
-    assert attempt.state == "cancelled" and attempt.torn_down_at is not None
+    attempt = wait_cancelled_and_gone(job_id, ray_work_dir, timeout=90)
+    assert attempt.torn_down_at is not None
     assert cluster_processes(ray_work_dir) == []
     assert not [n for n in os.listdir(ray_work_dir) if n.startswith("mr-")]
     assert runs(job_id) == 0
