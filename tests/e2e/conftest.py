@@ -3,11 +3,9 @@ PostgreSQL database, launching real local Ray clusters."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import redis
-import requests
 from django.conf import settings
 from django.db import connection
 
@@ -76,41 +73,6 @@ class Worker:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-
-
-class Api:
-    """gunicorn serving the API on a free loopback port, with the worker's environment."""
-
-    def __init__(self, env: dict[str, str], log: Path):
-        self.env, self.log, self.proc = env, log, None
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-    def start(self) -> None:
-        out = open(self.log, "a")  # noqa: SIM115  (kept for the process's lifetime)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "config.wsgi", "-b", self.base[7:], "-w", "2"],
-            cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{self.base}/healthz", timeout=2).ok:
-                    return
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            time.sleep(0.3)
-        raise AssertionError(f"the API did not start:\n{self.log.read_text()[-3000:]}")
-
-    def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

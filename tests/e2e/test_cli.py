@@ -16,7 +16,8 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from audit.context import Actor
 from jobs.models import Job, JobAttempt
 from tests.conftest import PASSWORD, build_world
-from tests.e2e.conftest import ROOT, Api
+from tests.e2e.conftest import ROOT
+from tests.e2e.servers import Api
 from workspaces import services as ws_services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
@@ -60,6 +61,13 @@ def cli(e2e, manta_bin, tmp_path):
     )
     api = Api(e2e.env, tmp_path / "api.log")
     api.start()
+    try:
+        yield from _logged_in(api, manta_bin, tmp_path)
+    finally:
+        api.stop()
+
+
+def _logged_in(api: Api, manta_bin: Path, tmp_path: Path):
     home = tmp_path / "home"
     home.mkdir()
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8"}
@@ -75,7 +83,6 @@ def cli(e2e, manta_bin, tmp_path):
     context = run("context", "--org", "acme", "--workspace", "ml")
     assert context.returncode == 0, context.stderr
     yield run, env, tmp_path
-    api.stop()
 
 
 def code_dir(root: Path, train: str) -> Path:

@@ -8,13 +8,13 @@ import os
 import time
 
 import pytest
-import requests
 
 from jobs.models import Job, JobAttempt
 from quotas.models import Reservation
 from quotas.services import reconcile
 from tests.conftest import build_world
-from tests.e2e.conftest import Api, cluster_processes, start_launch_worker
+from tests.e2e.conftest import cluster_processes, start_launch_worker
+from tests.e2e.servers import Api
 from tests.e2e.test_launch import WS, marker_entrypoint, py, runs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
@@ -40,9 +40,7 @@ def api(crash_worker, tmp_path):
 
 
 def call(api: Api, token: str, method: str, path: str, body=None, expect=None):
-    response = requests.request(
-        method, api.base + path, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30
-    )
+    response = api.call(token, method, path, body)
     if expect is not None:
         assert response.status_code == expect, response.text
     return response.json()
