@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import CeleryWorker, bench_workspace, configure
+from common import CeleryWorker, bench_workspace, configure, stop_clusters
 from webhooks import ReceiverProcess
 
 from tests.e2e.conftest import FAST_RECOVERY, cluster_processes
@@ -249,6 +249,7 @@ def main() -> None:
         lost = len(expected - receiver.poll().keys())
     finally:
         worker.stop()
+        stop_clusters(ray_dir)
         receiver.stop()
         redis_server.stop()
     total = time.monotonic() - started

@@ -89,6 +89,15 @@ class CeleryWorker:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+def stop_clusters(ray_dir: str) -> None:
+    """Stop every local cluster a benchmark left under its Ray dir (one cut short, say)."""
+    from jobs.launchers.local import LocalRayLauncher, discover_handles
+
+    launcher = LocalRayLauncher()
+    for handle in discover_handles(ray_dir):
+        launcher.stop(handle)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))

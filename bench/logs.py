@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import requests
-from common import ROOT, CeleryWorker, bench_workspace, configure, percentile
+from common import ROOT, CeleryWorker, bench_workspace, configure, percentile, stop_clusters
 
 TIMED_LINES = 25
 
@@ -146,6 +146,7 @@ def main() -> None:
         )
     finally:
         worker.stop()
+        stop_clusters(env["MANTA_LOCAL_RAY_DIR"])
         os.killpg(api.pid, signal.SIGTERM)
         api.wait(timeout=30)
     ms = lambda q: percentile(delays, q) * 1000  # noqa: E731

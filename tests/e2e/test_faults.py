@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 
+import kombu.pools
 import pytest
 import redis
 from django.db import connection
@@ -42,11 +43,10 @@ OUTAGE_SECONDS = 30
 def point_producer_at(url: str | None) -> None:
     """This process's Celery producer publishes to ``url`` from now on (None: the settings'
     broker again). ``broker_write_url``, not ``broker_url``: Celery reads the latter from the
-    CELERY_BROKER_URL environment variable first, which the test settings set. The pools are
-    emptied, not closed: kombu keeps them per URL, and the settings' must work again after."""
-    for pool in (app._pool, app.amqp._producer_pool):
-        if pool is not None:
-            pool.force_close_all(close_pool=False)
+    CELERY_BROKER_URL environment variable first, which the test settings set. kombu's pools
+    are reset (closed and forgotten, so the next send builds new ones): pools only emptied
+    still count their connections as lent, and a later send waits for one forever."""
+    kombu.pools.reset()
     app._pool = app.amqp._producer_pool = None
     app.conf.broker_write_url = url
 
