@@ -13,7 +13,9 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock cli/pyproject.toml | s
 # elsewhere the worker says at start-up what it lacks.
 SYSTEM_TOOLS := slirp4netns
 
-$(STAMP): requirements.lock cli/pyproject.toml
+# The stamp's name holds the hash of what it installed: a fresh checkout (new mtimes) with the
+# same files reuses the installed .venv.
+$(STAMP): | requirements.lock cli/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.lock

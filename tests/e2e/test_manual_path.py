@@ -48,8 +48,13 @@ def started(args: list[str], cwd: Path, env: dict[str, str], log: Path):
 def test_make_serve_and_make_worker_run_a_job_with_no_environment(tmp_path):
     clone = tmp_path / "manta"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-    # The installed virtualenv, as `make install` would build it from the same lock file.
+    # The installed virtualenv, as `make install` would build it from the same lock file: its
+    # stamp names what it holds, so make in the clone installs nothing into it.
     (clone / ".venv").symlink_to(ROOT / ".venv")
+    stamp = subprocess.run(
+        ["make", "-n", "install"], cwd=clone, capture_output=True, text=True, check=True
+    )
+    assert "pip install" not in stamp.stdout, "the clone would reinstall the shared .venv"
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")}
     port = free_port()
     base = f"http://127.0.0.1:{port}"
