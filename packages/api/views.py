@@ -1,5 +1,7 @@
 """Code packages of a workspace: upload a zip of a working directory, look one up."""
 
+import re
+
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
@@ -34,7 +36,9 @@ class PackageViewSet(WorkspaceViewSet):
 
     @extend_schema(operation_id="package_retrieve")
     def retrieve(self, request, org=None, ws=None, sha256=None):
-        package = self.get_queryset().filter(sha256=sha256).first()
+        # Only a sha256 can name a package; anything else (a NUL, a path) is not looked up.
+        valid = re.fullmatch(r"[0-9a-f]{64}", sha256 or "")
+        package = valid and self.get_queryset().filter(sha256=sha256).first()
         if package is None:
             raise exceptions.NotFound("No such package in this workspace.")
         return Response(PackageOutput(package).data)

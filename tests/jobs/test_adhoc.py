@@ -62,6 +62,13 @@ def test_every_rule_of_a_template_applies(world, change, field, rule):
     assert not Job.objects.exists()
 
 
+@pytest.mark.parametrize("value", ["maybe", "\x00", 10**20, {"on": True}])
+def test_adhoc_jobs_takes_a_boolean_only(world, value):
+    response = world.client("ws_admin").patch(WS, {"adhoc_jobs": value}, format="json")
+    assert response.status_code == 400 and "adhoc_jobs" in response.json()["errors"]
+    assert world.client("viewer").get(WS).json()["adhoc_jobs"] is False
+
+
 def test_the_approval_policy_applies(world):
     allow_adhoc(world)
     policy = {"approval_policy": "threshold", "approval_thresholds": {"cpu": 0.5}}

@@ -74,6 +74,8 @@ def test_the_same_content_is_stored_once(world, package_store):
     got = world.client("viewer").get(f"{WS}packages/{body['sha256']}/")
     assert got.status_code == 200 and got.json()["sha256"] == body["sha256"]
     assert world.client("viewer").get(f"{WS}packages/{'0' * 64}/").status_code == 404
+    for hostile in ("..%2F..%2Fetc%2Fpasswd", "%00", "A" * 64, "x" * 5000):
+        assert world.client("viewer").get(f"{WS}packages/{hostile}/").status_code == 404
 
 
 def test_another_workspace_does_not_see_a_package_it_did_not_upload(world, package_store):
