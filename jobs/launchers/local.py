@@ -237,16 +237,18 @@ class LocalRayLauncher:
         sandbox = _sandbox_of(handle)
         if sandbox is not None:
             if sandbox.oom_killed():
-                limit = sandbox.state.get("limits", {}).get("memory_bytes", 0)
-                return RayJobState(
-                    RAY_FAILED,
-                    f"the cluster exceeded its memory limit of {limit / GIB:.1f} GiB and the "
-                    "kernel killed a process in it",
-                    reason="oom_killed",
-                )
+                return _oom_state(sandbox)
             if not sandbox.init_alive():
                 raise LaunchError(f"the sandbox of cluster {handle.get('cluster_name')} is gone")
-        return self._with_client(handle, lambda c: ray_jobs.job_state(c, handle["submission_id"]))
+        try:
+            return self._with_client(
+                handle, lambda c: ray_jobs.job_state(c, handle["submission_id"])
+            )
+        except LaunchError:
+            # A cluster the kernel is OOM-killing stops answering: say why, not just "lost".
+            if sandbox is not None and sandbox.oom_killed():
+                return _oom_state(sandbox)
+            raise
 
     def logs(self, handle: dict[str, Any], *, tail: int | None = None) -> str:
         """The driver log from Ray (its last ``tail`` lines when given). When the dashboard
@@ -516,6 +518,16 @@ class LocalRayLauncher:
 
 
 # -- Spec → node resources ---------------------------------------------------------------------
+
+
+def _oom_state(sandbox: Sandbox) -> RayJobState:
+    limit = sandbox.state.get("limits", {}).get("memory_bytes", 0)
+    return RayJobState(
+        RAY_FAILED,
+        f"the cluster exceeded its memory limit of {limit / GIB:.1f} GiB and the kernel "
+        "killed a process in it",
+        reason="oom_killed",
+    )
 
 
 def _whole(value: Any, what: str) -> int:
