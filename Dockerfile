@@ -1,6 +1,8 @@
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /app
+# The runtime set only (requirements.lock): no test tools or linters (those are in
+# requirements-dev.lock, for the dev venv), and not the CLI (cli/ is not installed here).
 COPY requirements.lock .
 RUN pip install --no-cache-dir -r requirements.lock
 COPY . .

@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat requirements.lock cli/pyproject.toml | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat requirements.lock requirements-dev.lock cli/pyproject.toml | sha1sum | cut -c1-12)
 
 .PHONY: install system-deps test demo lint format lock bench migrate serve worker clean
 
@@ -14,11 +14,12 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock cli/pyproject.toml | s
 SYSTEM_TOOLS := slirp4netns
 
 # The stamp's name holds the hash of what it installed: a fresh checkout (new mtimes) with the
-# same files reuses the installed .venv.
-$(STAMP): | requirements.lock cli/pyproject.toml
+# same files reuses the installed .venv. The dev venv gets requirements-dev.lock (the runtime set
+# of requirements.lock plus the test tools and linters); the server image only requirements.lock.
+$(STAMP): | requirements.lock requirements-dev.lock cli/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-dev.lock
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e ./cli
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
@@ -47,10 +48,18 @@ lint: install
 format: install
 	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
 
-# Re-resolve the pinned direct dependencies (requirements.in) into requirements.lock.
+# Re-resolve the pinned direct dependencies in a throwaway venv: requirements.in into
+# requirements.lock (the server image's set), then requirements-dev.in on top of exactly those
+# versions into requirements-dev.lock (the dev venv's set; a dev tool that needs another version
+# of a runtime dependency fails here instead of drifting from the image).
+LOCK_VENV := /tmp/manta-lock
 lock:
-	$(PYTHON) -m venv /tmp/manta-lock && /tmp/manta-lock/bin/pip install -q -r requirements.in
-	/tmp/manta-lock/bin/pip freeze | grep -v '^-e' > requirements.lock && rm -rf /tmp/manta-lock
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install -q -r requirements.in
+	$(LOCK_VENV)/bin/pip freeze | grep -v '^-e' > $(LOCK_VENV)/requirements.lock
+	$(LOCK_VENV)/bin/pip install -q -r requirements-dev.in -c $(LOCK_VENV)/requirements.lock
+	$(LOCK_VENV)/bin/pip freeze | grep -v '^-e' > $(LOCK_VENV)/requirements-dev.lock
+	cp $(LOCK_VENV)/requirements.lock $(LOCK_VENV)/requirements-dev.lock . && rm -rf $(LOCK_VENV)
 
 migrate: install
 	$(BIN)/python manage.py migrate --noinput
