@@ -140,7 +140,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "config.pagination.StablePageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "config.schema.AutoSchema",  # documents the error responses
     "EXCEPTION_HANDLER": "config.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
     "URL_FORMAT_OVERRIDE": None,  # ?format= belongs to the audit export, not to content negotiation
@@ -344,3 +344,9 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# Code sources (git repositories jobs run code from): the same SSRF policy as webhooks over
+# its own allowed networks; unencrypted git:// and http:// only when allowed.
+MANTA_CODE_SOURCE_ALLOWED_NETWORKS = env.list("MANTA_CODE_SOURCE_ALLOWED_NETWORKS", default=[])
+MANTA_CODE_SOURCE_ALLOW_PLAIN = env.bool("MANTA_CODE_SOURCE_ALLOW_PLAIN", default=False)
+MANTA_CODE_FETCH_SECONDS = env.int("MANTA_CODE_FETCH_SECONDS", default=300)

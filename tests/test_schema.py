@@ -52,10 +52,13 @@ def test_docs_page(db):
 
 
 def _examples(schema, operation):
+    """The request's and the success responses' examples (every error response has one)."""
     found = []
     for content in (operation.get("requestBody") or {}).get("content", {}).values():
         found += list(content.get("examples", {}))
-    for response in operation.get("responses", {}).values():
+    for code, response in operation.get("responses", {}).items():
+        if not code.startswith("2"):
+            continue
         for content in response.get("content", {}).values():
             found += list(content.get("examples", {}))
     return found
@@ -95,3 +98,80 @@ def test_every_webhook_event_type_is_a_component(db):
     for event_type in EVENT_TYPES:
         component = "".join(part.capitalize() for part in re.split(r"[._]", event_type)) + "Event"
         assert component in names, event_type
+
+
+ERROR_REF = {"$ref": "#/components/schemas/Error"}
+WRITES = {"post", "put", "patch", "delete"}
+
+
+def test_error_component_is_what_the_exception_handler_renders(db):
+    error = load_schema()["components"]["schemas"]["Error"]
+    assert set(error["required"]) == {"type", "detail", "errors"}
+    assert error["properties"]["type"]["type"] == "string"
+    assert error["properties"]["detail"]["type"] == "string"
+    assert error["properties"]["errors"]["type"] == "object"
+    assert error["properties"]["errors"]["additionalProperties"] == {
+        "type": "array",
+        "items": {"type": "string"},
+    }
+    assert not any(p.get("nullable") for p in error["properties"].values())
+
+    client = APIClient()
+    not_authenticated = client.get("/api/v1/me/")
+    invalid = client.post("/api/v1/auth/tokens/", {}, format="json")
+    assert (not_authenticated.status_code, invalid.status_code) == (401, 400)
+    for body in (not_authenticated.json(), invalid.json()):
+        assert set(body) == set(error["properties"])
+        assert isinstance(body["type"], str) and isinstance(body["detail"], str)
+        assert all(isinstance(m, list) for m in body["errors"].values())
+    assert invalid.json()["errors"]["email"]
+
+
+def test_every_operation_documents_its_error_responses(db):
+    schema = load_schema()
+    for path, method, op in operations(schema):
+        name = op["operationId"]
+        params = op.get("parameters", [])
+        anonymous = name == "auth_token_create"
+        validated_query = any(
+            p["in"] == "query" and p["name"] not in ("page", "page_size") for p in params
+        )
+        expected = {"401", "429"}
+        if not anonymous:
+            expected.add("403")
+        if any(p["in"] == "path" for p in params) or path.startswith("/api/v1/orgs/{org}/"):
+            expected.add("404")
+        if method in WRITES:
+            expected |= {"400", "409"}
+        if "requestBody" in op or validated_query:
+            expected.add("400")
+
+        missing = expected - set(op["responses"])
+        assert not missing, (name, missing)
+        for code in expected:
+            response = op["responses"][code]
+            assert response["description"], (name, code)
+            content = response["content"]["application/json"]
+            assert content["schema"] == ERROR_REF, (name, code)
+            for example in content["examples"].values():
+                assert set(example["value"]) == {"type", "detail", "errors"}, (name, code)
+
+
+def test_error_responses_follow_the_operation(db):
+    ops = {op["operationId"]: op for _, _, op in operations(load_schema())}
+    assert "404" not in ops["me_retrieve"]["responses"]
+    assert "400" not in ops["job_retrieve"]["responses"]
+    assert "409" not in ops["job_retrieve"]["responses"]
+    assert "400" in ops["job_logs"]["responses"]  # its query is validated
+    assert "404" in ops["orgs_list"]["responses"]  # a page past the end
+    # Issuing a token needs no token: a 401 there means wrong credentials, and nothing is denied.
+    token_issue = ops["auth_token_create"]["responses"]
+    assert "credentials" in token_issue["401"]["description"]
+    assert "403" not in token_issue
+
+
+def test_statuses_a_view_documents_itself_are_kept(db):
+    upload = next(
+        op for _, _, op in operations(load_schema()) if op["operationId"] == "packages_upload"
+    )
+    assert upload["responses"]["413"] == {"description": "Larger than MANTA_PACKAGE_MAX_BYTES"}
