@@ -108,6 +108,11 @@ def resolve(host: str, port: int) -> list[IPAddress]:
     return addresses
 
 
+# The schemes a URL may have, with their default ports; plain ones only where a setting allows.
+WEB_SCHEMES = {"https": 443}
+PLAIN_WEB_SCHEMES = {"http": 80}
+
+
 def check_url(
     url: str,
     *,
@@ -116,25 +121,32 @@ def check_url(
     what: str = "webhooks",
     networks_setting: str = "WEBHOOK_ALLOWED_NETWORKS",
     http_setting: str = "WEBHOOK_ALLOW_HTTP",
+    schemes: dict[str, int] = WEB_SCHEMES,
+    plain_schemes: dict[str, int] = PLAIN_WEB_SCHEMES,
+    allow_user: bool = False,
 ) -> Destination:
     """Parse, resolve and check ``url``; raise :class:`UnsafeURL` naming the rule it breaks.
-    ``what`` and the setting names only word the messages."""
+    ``what`` and the setting names only word the messages; ``allow_user`` lets a user name
+    without a password through (``ssh://git@host/…``)."""
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
         raise UnsafeURL(f"not a valid URL: {exc}") from exc
     scheme = parts.scheme.lower()
-    if scheme not in ("https", "http"):
-        raise UnsafeURL("the URL must start with https://")
-    if scheme == "http" and not allow_http:
-        raise UnsafeURL(f"plain http:// is not allowed; use https:// ({http_setting})")
-    if parts.username is not None or parts.password is not None:
+    if scheme not in schemes and scheme not in plain_schemes:
+        raise UnsafeURL(f"the URL must start with {' or '.join(f'{s}://' for s in schemes)}")
+    if scheme in plain_schemes and not allow_http:
+        raise UnsafeURL(
+            f"plain {scheme}:// is not allowed; use {' or '.join(f'{s}://' for s in schemes)} "
+            f"({http_setting})"
+        )
+    if parts.password is not None or (parts.username is not None and not allow_user):
         raise UnsafeURL("credentials in the URL are not allowed")
     host = (parts.hostname or "").rstrip(".")
     if not host:
         raise UnsafeURL("the URL has no host")
-    port = port or (443 if scheme == "https" else 80)
+    port = port or {**schemes, **plain_schemes}[scheme]
     addresses = resolve(host, port)
     for address in addresses:
         reason = refusal(address, allowed_networks)
@@ -159,4 +171,26 @@ def check_compute_address(url: str, allowed_networks: list[str]) -> Destination:
         allow_http=True,
         what="compute targets",
         networks_setting="MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS",
+    )
+
+
+GIT_SCHEMES = {"https": 443, "ssh": 22}
+PLAIN_GIT_SCHEMES = {"http": 80, "git": 9418}
+
+
+def check_git_url(url: str, allowed_networks: list[str], allow_plain: bool) -> Destination:
+    """The policy for a git repository's URL (a code source): as for webhooks, over
+    ``MANTA_CODE_SOURCE_ALLOWED_NETWORKS``; ``https://`` and ``ssh://`` (a user name allowed,
+    never a password), unencrypted ``git://`` and ``http://`` only with
+    ``MANTA_CODE_SOURCE_ALLOW_PLAIN``. Checked when the source is saved and before every fetch."""
+    return check_url(
+        url,
+        allowed_networks=allowed_networks,
+        allow_http=allow_plain,
+        what="code sources",
+        networks_setting="MANTA_CODE_SOURCE_ALLOWED_NETWORKS",
+        http_setting="MANTA_CODE_SOURCE_ALLOW_PLAIN",
+        schemes=GIT_SCHEMES,
+        plain_schemes=PLAIN_GIT_SCHEMES,
+        allow_user=True,
     )

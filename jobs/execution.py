@@ -38,8 +38,14 @@ from audit.context import Actor
 from config import secrets
 from config.celery import send_many
 from config.db import copy_insert
+from packages.models import URI_PREFIX as PACKAGE_URI_PREFIX
+from packages.models import CodePackage, CodeSource
+from packages.services import blob_name as package_blob
 from packages.services import local_path as package_path
 from packages.services import sha_of as package_sha
+from packages.services import storage as package_storage
+from packages.sources import CodeUnavailable
+from packages.sources import fetch as fetch_code
 from workspaces.models import ComputeTarget, ComputeTargetKind
 from workspaces.services import compute_target_secrets
 
@@ -120,6 +126,8 @@ def launch_request(attempt: JobAttempt, target: ResolvedTarget) -> LaunchRequest
         "MANTA_JOB_ID": str(job.pk),
         "MANTA_ATTEMPT": str(attempt.number),
     }
+    if attempt.code_package:  # fetched from the job's code source
+        runtime_env["working_dir"] = f"{PACKAGE_URI_PREFIX}{attempt.code_package}"
     packages = {}
     sha256 = package_sha(runtime_env.get("working_dir"))
     if sha256:
@@ -306,6 +314,7 @@ def attempt_launch(attempt_id: str) -> None:
         if attempt.job.state != JobState.LAUNCHING:
             return  # cancelled meanwhile: the cancel hook tears down
         try:
+            _fetch_code(attempt)
             target = resolve_target(attempt.job)
             launcher = launcher_for(target.kind, target.config)
             request = launch_request(attempt, target)
@@ -330,7 +339,41 @@ def attempt_launch(attempt_id: str) -> None:
             fail = RayJobState(RAY_FAILED, str(exc))
             attempt_settle(attempt_id, fail, reason="launch_failed")
             return
+        except CodeUnavailable as exc:
+            logger.warning("code of attempt %s unavailable: %s", attempt_id, exc)
+            fail = RayJobState(RAY_FAILED, str(exc))
+            attempt_settle(attempt_id, fail, reason="code_unavailable")
+            return
     follow_start(attempt_id)
+
+
+def _fetch_code(attempt: JobAttempt) -> None:
+    """A job from a code source runs the commit its ref named when it first launched: fetched
+    and packaged once, reused by its retries (fetched again by commit if the package expired)."""
+    code = attempt.job.spec.get("code")
+    if not code or attempt.code_package:
+        return
+    job = attempt.job
+    earlier = (
+        JobAttempt.objects.filter(job_id=job.pk, number__lt=attempt.number)
+        .exclude(code_commit="")
+        .order_by("-number")
+        .first()
+    )
+    kept = earlier and CodePackage.objects.filter(
+        workspace_id=job.workspace_id, sha256=earlier.code_package
+    )
+    if kept and package_storage().exists(package_blob(earlier.code_package)):
+        commit, sha256 = earlier.code_commit, earlier.code_package
+    else:
+        source = CodeSource.objects.filter(workspace_id=job.workspace_id, name=code["source"])
+        if not source.exists():
+            raise CodeUnavailable(f"the code source {code['source']!r} no longer exists")
+        ref = earlier.code_commit if earlier else code.get("ref") or source[0].default_ref
+        fetched = fetch_code(source[0], ref, actor=SYSTEM)
+        commit, sha256 = fetched.commit, fetched.package.sha256
+    JobAttempt.objects.filter(pk=attempt.pk).update(code_commit=commit, code_package=sha256)
+    attempt.code_commit, attempt.code_package = commit, sha256
 
 
 def _still_wanted(attempt: JobAttempt) -> bool:
@@ -520,7 +563,14 @@ def _move(job_id: int, to_state: str, **kwargs) -> Job | None:
 
 
 RETRYABLE = frozenset(
-    {"entrypoint_failed", "launch_failed", "cluster_lost", "node_failures", "stopped"}
+    {
+        "entrypoint_failed",
+        "launch_failed",
+        "cluster_lost",
+        "node_failures",
+        "stopped",
+        "code_unavailable",
+    }
 )
 
 

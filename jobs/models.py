@@ -185,6 +185,10 @@ class JobAttempt(models.Model):
     handle_encrypted = models.TextField(blank=True)
     # What the cluster was confined to: for `local`, the sandbox's uid, namespaces and limits.
     isolation = models.JSONField(default=dict, blank=True)
+    # For a job from a code source: the commit its ref resolved to (retries reuse it) and the
+    # package (sha256) it was turned into.
+    code_commit = models.CharField(max_length=64, blank=True)
+    code_package = models.CharField(max_length=64, blank=True)
     submitted = models.BooleanField(default=False)
     ray_status = models.CharField(max_length=16, blank=True)
     ray_message = models.TextField(blank=True)

@@ -16,6 +16,7 @@ from config.errors import Conflict, Forbidden, InvalidInput, invalid_from_serial
 from notifications.services import event_emit
 from packages.services import package_require
 from packages.services import sha_of as package_sha
+from packages.sources import source_require
 from quotas.services import check_submission
 from workspaces.models import ApprovalPolicy, ComputeTarget, ComputeTargetKind, Workspace
 
@@ -227,11 +228,16 @@ def adhoc_spec(workspace: Workspace, spec: Any) -> dict:
 
 
 def check_code(workspace: Workspace, spec: dict) -> None:
-    """A package the spec runs must be this workspace's, on a target that can receive it."""
+    """The code a spec runs must be this workspace's (an uploaded package or a code source), on
+    a target that can receive it. A code source's ref defaults to the source's, fixed now."""
+    code = spec.get("code")
+    if code:
+        source = source_require(workspace, code.get("source"), field="code.source")
+        code["ref"] = code.get("ref") or source.default_ref
     working_dir = (spec.get("runtime_env") or {}).get("working_dir") or ""
-    if not package_sha(working_dir):
+    if not (code or package_sha(working_dir)):
         return
-    field = "runtime_env.working_dir"
+    field = "code" if code else "runtime_env.working_dir"
     target = ComputeTarget.objects.filter(
         organization_id=workspace.organization_id, name=workspace.compute_target
     ).first()
@@ -239,7 +245,8 @@ def check_code(workspace: Workspace, spec: dict) -> None:
         raise InvalidInput.on(
             field, "code packages run on local and ray targets; a kuberay target needs a remote URI"
         )
-    package_require(workspace, working_dir, field=field)
+    if not code:
+        package_require(workspace, working_dir, field=field)
 
 
 def approval_needed(workspace: Workspace, spec: dict, requested: dict[str, float]) -> str:

@@ -6,7 +6,8 @@ A spec is what a template version holds and what a job resolves to (template + o
      "head": {"cpu", "memory_gb", "gpu"},
      "worker_groups": [{"name", "replicas", "min_replicas", "max_replicas",
                         "cpu", "memory_gb", "gpu", "resources"}],
-     "max_runtime_seconds", "max_retries", "priority", "ttl_seconds_after_finished"}
+     "max_runtime_seconds", "max_retries", "priority", "ttl_seconds_after_finished",
+     "code": {"source", "ref"}}
 
 Validation is a DRF serializer so every error names its field (``worker_groups.1.name``). The
 image policy needs the organisation: pass it as ``context={"organization": org}``.
@@ -39,6 +40,7 @@ SPEC_FIELDS = (
     "max_retries",
     "priority",
     "ttl_seconds_after_finished",
+    "code",
 )
 OVERRIDABLE = frozenset(SPEC_FIELDS)
 
@@ -61,6 +63,12 @@ RAY_TAG_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:[-.].*)?$")
 # client zips a local working_dir where it runs, which would ship the worker's files.
 WORKING_DIR = re.compile(r"^(https|s3|gs)://[^\s/]+/\S*$")
 PACKAGE_URI = re.compile(r"^manta://packages/[0-9a-f]{64}$")  # see packages/
+# A git branch, tag or commit (what ``git check-ref-format`` accepts, in a narrower alphabet),
+# never an option: see packages/sources.py.
+GIT_REF = re.compile(
+    r"^(?!-)(?!/)(?!.*\.\.)(?!.*//)(?!.*@\{)(?!.*\.lock$)(?!.*[/.]$)[A-Za-z0-9._/+-]+$"
+)
+MAX_REF = 255
 # Variables that change how the runtime itself behaves (which binaries and libraries load,
 # where Python and pip look, Ray's own settings, the devices a node was given).
 RUNTIME_ENV_NAMES = frozenset(
@@ -212,6 +220,25 @@ def ray_version_of(image: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+class CodeSpec(serializers.Serializer):
+    """Code from a git code source of the workspace (instead of runtime_env.working_dir)."""
+
+    source = serializers.SlugField(max_length=63, help_text="The code source's name")
+    ref = serializers.CharField(
+        max_length=MAX_REF,
+        required=False,
+        help_text="A branch, tag or commit sha (default: the source's default_ref)",
+    )
+
+    def validate_ref(self, value: str) -> str:
+        if not GIT_REF.match(value):
+            raise serializers.ValidationError(
+                "must be a branch, a tag or a commit sha (letters, digits and . _ / + -, not "
+                "starting with '-' or '/', without '..', '//' or '@{')"
+            )
+        return value
+
+
 class JobSpec(serializers.Serializer):
     image = serializers.CharField(max_length=300)
     entrypoint = serializers.CharField(max_length=MAX_ENTRYPOINT, trim_whitespace=False)
@@ -228,6 +255,19 @@ class JobSpec(serializers.Serializer):
     ttl_seconds_after_finished = serializers.IntegerField(
         min_value=0, max_value=MAX_RUNTIME_SECONDS, required=False
     )
+    code = CodeSpec(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("code") and (attrs.get("runtime_env") or {}).get("working_dir"):
+            raise serializers.ValidationError(
+                {
+                    "code": [
+                        "a job takes its code from a code source or from "
+                        "runtime_env.working_dir, not both"
+                    ]
+                }
+            )
+        return attrs
 
     def validate_entrypoint(self, value: str) -> str:
         if "\n" in value or "\r" in value:

@@ -36,3 +36,38 @@ class CodePackage(models.Model):
 
 
 URI_PREFIX = "manta://packages/"
+
+
+class CodeSource(models.Model):
+    """A git repository a workspace runs code from (a code configuration): jobs name it and a
+    ref; the worker fetches that commit, packages it like an upload and records the commit on
+    the attempt."""
+
+    workspace = models.ForeignKey(
+        "workspaces.Workspace", on_delete=models.CASCADE, related_name="code_sources"
+    )
+    name = models.SlugField(max_length=63)
+    url = models.CharField(max_length=500)
+    default_ref = models.CharField(max_length=255, default="main")
+    # An SSH private key with read access to the repository, encrypted at rest, never shown.
+    deploy_key_encrypted = models.TextField(blank=True)
+    # The server's host keys (known_hosts lines) for ssh:// URLs; empty accepts the key it shows.
+    known_hosts = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "name"], name="uniq_code_source_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workspace_id}:{self.name}"
+
+    @property
+    def has_deploy_key(self) -> bool:
+        return bool(self.deploy_key_encrypted)

@@ -68,12 +68,36 @@ def package_upload(
         tmp.flush()
         if size == 0:
             raise InvalidInput.on("package", "the body is empty: send the zip as the body")
-        _check_zip(tmp.name)
+        return package_store(
+            actor=actor, workspace=workspace, path=tmp.name, sha256=digest.hexdigest(), size=size
+        )
+
+
+def package_store(
+    *,
+    actor: Actor,
+    workspace: Workspace,
+    path: str,
+    sha256: str | None = None,
+    size: int | None = None,
+    metadata: dict | None = None,
+) -> tuple[CodePackage, bool]:
+    """Check the zip at ``path`` and store it for ``workspace`` under its sha256 (once per
+    content); (package, created)."""
+    if sha256 is None or size is None:
+        digest, size = hashlib.sha256(), 0
+        with open(path, "rb") as source:
+            while chunk := source.read(CHUNK):
+                size += len(chunk)
+                digest.update(chunk)
         sha256 = digest.hexdigest()
-        name = blob_name(sha256)
-        if not storage().exists(name):
-            tmp.seek(0)
-            storage().save(name, File(tmp))
+    if size > settings.MANTA_PACKAGE_MAX_BYTES:
+        raise _too_large(size)
+    _check_zip(path)
+    name = blob_name(sha256)
+    if not storage().exists(name):
+        with open(path, "rb") as source:
+            storage().save(name, File(source))
     try:
         with transaction.atomic():
             package = CodePackage.objects.create(
@@ -86,7 +110,7 @@ def package_upload(
                 target_repr=f"package {sha256[:12]}",
                 workspace=workspace,
                 changes={"sha256": [None, sha256]},
-                metadata={"size": size},
+                metadata={"size": size, **(metadata or {})},
             )
     except IntegrityError:
         return CodePackage.objects.get(workspace=workspace, sha256=sha256), False

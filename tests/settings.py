@@ -7,6 +7,10 @@ os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("MANTA_VAR_DIR", "/tmp/manta-test-var")
 # The sweep stops local clusters no attempt owns: never those of a Manta running beside.
 os.environ.setdefault("MANTA_LOCAL_RAY_DIR", "/tmp/manta-test-ray")
+# Tests serve their own git repositories on 127.0.0.1 (git daemon): the code source policy lets
+# loopback and git:// through here, for this process and the workers it starts.
+os.environ.setdefault("MANTA_CODE_SOURCE_ALLOWED_NETWORKS", "127.0.0.0/8")
+os.environ.setdefault("MANTA_CODE_SOURCE_ALLOW_PLAIN", "true")
 
 from config.settings import *  # noqa: F403
 from config.settings import DATABASES

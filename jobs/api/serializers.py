@@ -237,6 +237,8 @@ class AttemptOutput(serializers.ModelSerializer):
             "exit_code",
             "failure_reason",
             "isolation",
+            "code_commit",
+            "code_package",
             "created_at",
             "launch_started_at",
             "cluster_ready_at",

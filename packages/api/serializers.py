@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from packages.models import CodePackage
+from packages.models import CodePackage, CodeSource
 
 
 class PackageOutput(serializers.ModelSerializer):
@@ -12,3 +12,62 @@ class PackageOutput(serializers.ModelSerializer):
     class Meta:
         model = CodePackage
         fields = ["sha256", "size", "uri", "uploaded_by", "created_at", "last_used_at"]
+
+
+class CodeSourceOutput(serializers.ModelSerializer):
+    has_deploy_key = serializers.BooleanField(read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="email", read_only=True)
+
+    class Meta:
+        model = CodeSource
+        fields = [
+            "name",
+            "url",
+            "default_ref",
+            "has_deploy_key",
+            "known_hosts",
+            "created_by",
+            "created_at",
+            "updated_at",
+        ]
+
+
+class _Strict(serializers.Serializer):
+    """Refuses fields it does not know instead of dropping them."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {name: [f"unknown field; known: {', '.join(self.fields)}"] for name in unknown}
+                )
+        return super().to_internal_value(data)
+
+
+class CodeSourceCreateInput(_Strict):
+    name = serializers.SlugField(max_length=63)
+    url = serializers.CharField(
+        max_length=500,
+        help_text="https:// or ssh://git@host/path (git:// and http:// where the operator "
+        "allows them); it must pass the same network policy as webhooks",
+    )
+    default_ref = serializers.CharField(max_length=255, required=False, default="main")
+    deploy_key = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        write_only=True,
+        trim_whitespace=False,
+        help_text="An SSH private key with read access; stored encrypted, never shown again",
+    )
+    known_hosts = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        help_text="known_hosts lines of the server, checked for ssh:// URLs",
+    )
+
+
+class CodeSourceUpdateInput(CodeSourceCreateInput):
+    name = None
+    url = serializers.CharField(max_length=500, required=False)
+    default_ref = serializers.CharField(max_length=255, required=False)

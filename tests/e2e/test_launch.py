@@ -180,6 +180,35 @@ def test_a_package_of_the_developers_code_runs_on_its_cluster(world, ray_work_di
     assert_cluster_gone(attempt, ray_work_dir)
 
 
+@pytest.fixture
+def git_repo(tmp_path):
+    from tests.gitserver import Repository
+
+    repository = Repository(tmp_path)
+    yield repository
+    repository.stop()
+
+
+def test_a_job_from_a_git_code_source_runs_the_commit_it_records(world, ray_work_dir, git_repo):
+    """The worker fetches the ref from a git daemon on 127.0.0.1, packages that commit and
+    ships it like an upload; the attempt names the commit."""
+    head = git_repo.push()
+    created = world.client("ws_admin").post(
+        WS + "code-sources/", {"name": "trainer", "url": git_repo.url}, format="json"
+    )
+    assert created.status_code == 201, created.content
+    template = make_template(
+        world, entrypoint="python train.py", code={"source": "trainer"}, worker_groups=[]
+    )
+    job = wait_for(submit(world, template), TERMINAL)
+    attempt = JobAttempt.objects.get(job=job)
+    assert job.state == "succeeded", (job.failure_reason, job.message, attempt.log_archive)
+    assert "hello from git" in attempt.log_archive
+    detail = world.client("developer").get(f"{WS}jobs/{job.pk}/").json()
+    assert detail["attempts"][0]["code_commit"] == head
+    assert_cluster_gone(attempt, ray_work_dir)
+
+
 def test_follow_streams_the_log_while_the_job_runs_and_ends_with_it(world, ray_work_dir):
     code = (
         "import time; [print('line', n, flush=True) or time.sleep(0.4) for n in range(15)]; "
