@@ -99,9 +99,11 @@ def error_statuses(method: str, operation: dict[str, Any]) -> dict[str, tuple[st
     statuses = {}
     if validates:
         statuses["400"] = ERRORS["400"]
-    statuses["401"] = ANONYMOUS_401 if anonymous else ERRORS["401"]
     if not anonymous:
+        statuses["401"] = ERRORS["401"]
         statuses["403"] = ERRORS["403"]
+    elif method in WRITES:  # an anonymous write checks credentials of its own (a login)
+        statuses["401"] = ANONYMOUS_401
     if "path" in where:
         statuses["404"] = ERRORS["404"]
     if paginated:

@@ -129,6 +129,10 @@ STORAGES = {
 MANTA_PACKAGE_MAX_BYTES = env.int("MANTA_PACKAGE_MAX_BYTES", default=100 * 1024**2)
 MANTA_PACKAGE_MAX_UNPACKED_BYTES = env.int("MANTA_PACKAGE_MAX_UNPACKED_BYTES", default=1024**3)
 MANTA_PACKAGE_RETENTION_DAYS = env.int("MANTA_PACKAGE_RETENTION_DAYS", default=30)
+# Clusters that download code themselves (kuberay) get a URL valid this long: presigned by object
+# storage, or served by the API at MANTA_PUBLIC_URL (the address clusters reach it at).
+MANTA_PACKAGE_URL_SECONDS = env.int("MANTA_PACKAGE_URL_SECONDS", default=3600)
+MANTA_PUBLIC_URL = env.str("MANTA_PUBLIC_URL", default="")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

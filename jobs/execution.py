@@ -41,6 +41,7 @@ from config.db import copy_insert
 from packages.models import URI_PREFIX as PACKAGE_URI_PREFIX
 from packages.models import CodePackage, CodeSource
 from packages.services import blob_name as package_blob
+from packages.services import download_url as package_download_url
 from packages.services import local_path as package_path
 from packages.services import sha_of as package_sha
 from packages.services import storage as package_storage
@@ -117,7 +118,11 @@ def cluster_name_for(job: Job, number: int) -> str:
     return f"{base}-{job.pk}-{number}"
 
 
-def launch_request(attempt: JobAttempt, target: ResolvedTarget) -> LaunchRequest:
+def launch_request(
+    attempt: JobAttempt, target: ResolvedTarget, *, sign: bool = True
+) -> LaunchRequest:
+    """What the launcher starts. A cluster that downloads its code itself (kuberay) gets a
+    short-lived signed link to the package (``sign=False`` for a plan: no working link shown)."""
     job = attempt.job
     # The job may want to know which run it is (e.g. to resume from a checkpoint on a retry).
     runtime_env = dict(job.spec.get("runtime_env") or {})
@@ -130,7 +135,10 @@ def launch_request(attempt: JobAttempt, target: ResolvedTarget) -> LaunchRequest
         runtime_env["working_dir"] = f"{PACKAGE_URI_PREFIX}{attempt.code_package}"
     packages = {}
     sha256 = package_sha(runtime_env.get("working_dir"))
-    if sha256:
+    if sha256 and target.kind == ComputeTargetKind.KUBERAY:
+        if sign:
+            runtime_env["working_dir"] = package_download_url(sha256)
+    elif sha256:
         packages[runtime_env["working_dir"]] = package_path(sha256)
     return LaunchRequest(
         submission_id=attempt.submission_id,
@@ -153,7 +161,8 @@ def plan_for(job: Job) -> dict[str, Any]:
     target = resolve_target(job)
     if attempt is None:
         attempt = JobAttempt(job=job, number=1, cluster_name=cluster_name_for(job, 1))
-    return launcher_for(target.kind, target.config).plan(launch_request(attempt, target))
+    request = launch_request(attempt, target, sign=False)
+    return launcher_for(target.kind, target.config).plan(request)
 
 
 # --- admission (quotas/scheduler.py decides; this creates the attempt) ----------------------

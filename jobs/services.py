@@ -14,6 +14,7 @@ from audit import services as audit
 from audit.context import Actor
 from config.errors import Conflict, Forbidden, InvalidInput, invalid_from_serializer
 from notifications.services import event_emit
+from packages.services import download_urls_available as package_download_available
 from packages.services import package_require
 from packages.services import sha_of as package_sha
 from packages.sources import source_require
@@ -241,9 +242,16 @@ def check_code(workspace: Workspace, spec: dict) -> None:
     target = ComputeTarget.objects.filter(
         organization_id=workspace.organization_id, name=workspace.compute_target
     ).first()
-    if target is not None and target.kind == ComputeTargetKind.KUBERAY:
+    if (
+        target is not None
+        and target.kind == ComputeTargetKind.KUBERAY
+        and not package_download_available()
+    ):
         raise InvalidInput.on(
-            field, "code packages run on local and ray targets; a kuberay target needs a remote URI"
+            field,
+            "a kuberay cluster downloads its code itself, and this deployment cannot hand it a "
+            "link (MANTA_PUBLIC_URL is unset and packages are not in object storage): use a "
+            "remote URI",
         )
     if not code:
         package_require(workspace, working_dir, field=field)

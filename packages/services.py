@@ -14,6 +14,7 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 import zipfile
 from typing import BinaryIO
 
@@ -22,6 +23,7 @@ from django.core.files import File
 from django.core.files.storage import storages
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.crypto import constant_time_compare, salted_hmac
 from rest_framework import status
 
 from audit import services as audit
@@ -198,6 +200,58 @@ def local_path(sha256: str) -> str:
                 shutil.copyfileobj(src, dst)
             os.replace(dst.name, target)
         return target
+
+
+# --- short-lived download URLs (for clusters that fetch code themselves: kuberay) ---------------
+
+DOWNLOAD_SALT = "manta.packages.download"
+
+
+def download_urls_available() -> bool:
+    """Whether a cluster outside this host can be handed a package: object storage presigns its
+    own URLs; the filesystem store needs MANTA_PUBLIC_URL, where the API serves them."""
+    return _presigns() or bool(settings.MANTA_PUBLIC_URL)
+
+
+def _presigns() -> bool:
+    try:
+        from storages.backends.s3 import S3Storage
+    except ImportError:  # pragma: no cover - django-storages is a runtime dependency
+        return False
+    return isinstance(storage(), S3Storage)
+
+
+def download_url(sha256: str, *, now: float | None = None) -> str:
+    """A URL the package can be downloaded from without credentials for
+    MANTA_PACKAGE_URL_SECONDS: presigned by object storage, or signed by Manta. Its path ends in
+    ``.zip``, as Ray wants of a remote working_dir."""
+    seconds = settings.MANTA_PACKAGE_URL_SECONDS
+    if _presigns():
+        return storage().url(blob_name(sha256), expire=seconds)
+    expires = int((now if now is not None else time.time()) + seconds)
+    base = settings.MANTA_PUBLIC_URL.rstrip("/")
+    return f"{base}/api/v1/package-downloads/{sha256}-{expires}-{_signature(sha256, expires)}.zip"
+
+
+def _signature(sha256: str, expires: int) -> str:
+    return salted_hmac(DOWNLOAD_SALT, f"{sha256}:{expires}", algorithm="sha256").hexdigest()
+
+
+def download_open(token: str, *, now: float | None = None):
+    """The stored zip a signed token names, opened; None when the token is not one we signed,
+    has expired, or names content no longer stored."""
+    match = re.fullmatch(r"([0-9a-f]{64})-(\d{1,12})-([0-9a-f]{64})", token or "")
+    if not match:
+        return None
+    sha256, expires, signature = match.group(1), int(match.group(2)), match.group(3)
+    if not constant_time_compare(signature, _signature(sha256, expires)):
+        return None
+    if expires < (now if now is not None else time.time()):
+        return None
+    name = blob_name(sha256)
+    if not storage().exists(name):
+        return None
+    return storage().open(name, "rb")
 
 
 def packages_expire(now: dt.datetime | None = None) -> int:

@@ -2,10 +2,12 @@
 
 import re
 
+from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import exceptions, status
+from rest_framework import exceptions, permissions, status
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from packages import services
 from packages.models import CodePackage
@@ -70,3 +72,23 @@ class PackageViewSet(WorkspaceViewSet):
         )
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(PackageOutput(package).data, status=code)
+
+
+class PackageDownloadView(APIView):
+    """A package's zip behind a short-lived signed link (handed to clusters that download code
+    themselves, such as a RayJob's). The link is the credential: no token."""
+
+    authentication_classes: list = []
+    permission_classes = [permissions.AllowAny]
+
+    @extend_schema(
+        operation_id="package_download",
+        auth=[],
+        responses={(200, "application/zip"): OpenApiTypes.BINARY},
+        description="404 for a link Manta did not sign, one that expired, or deleted content.",
+    )
+    def get(self, request, token=None):
+        blob = services.download_open(token)
+        if blob is None:
+            raise exceptions.NotFound("No such package link, or it expired.")
+        return FileResponse(blob, content_type="application/zip", filename="package.zip")

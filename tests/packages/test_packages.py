@@ -6,16 +6,19 @@ from __future__ import annotations
 import datetime as dt
 import io
 import stat
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 from django.core.files.storage import storages
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from audit.context import Actor
+from jobs import execution
 from jobs import services as job_services
-from jobs.models import Job
+from jobs.models import Job, JobAttempt
 from packages import services
 from packages.models import CodePackage
 from tests.conftest import SYSTEM
@@ -178,3 +181,98 @@ def test_packages_no_job_used_for_the_retention_period_expire(world, package_sto
     assert services.packages_expire(later) == 1
     assert not CodePackage.objects.filter(sha256=sha).exists() and blobs(package_store) == []
     assert not storages["packages"].exists(services.blob_name(sha))
+
+
+# --- kuberay: the cluster downloads the package from a short-lived signed link ------------------
+
+
+def kuberay_workspace(world):
+    from tests.jobs.test_compute_targets import KUBECONFIG
+
+    created = world.client("owner").post(
+        "/api/v1/orgs/acme/compute-targets/",
+        {"name": "k8s", "kind": "kuberay", "config": {"kubeconfig": KUBECONFIG}},
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    changed = world.client("owner").patch(WS, {"compute_target": "k8s"}, format="json")
+    assert changed.status_code == 200
+    world.ws.refresh_from_db()
+
+
+def submit_package_job(world, uri):
+    world.ws.adhoc_jobs = True
+    world.ws.save()
+    spec = {
+        "image": "rayproject/ray:2.60.0",
+        "entrypoint": "python train.py",
+        "runtime_env": {"working_dir": uri},
+    }
+    return world.client("developer").post(WS + "jobs/", {"spec": spec}, format="json")
+
+
+def test_a_kuberay_job_gets_a_signed_link_that_serves_the_package(world, settings):
+    settings.MANTA_PUBLIC_URL = "https://manta.acme.test"
+    kuberay_workspace(world)
+    uri = upload(world, CODE).json()["uri"]
+    submitted = submit_package_job(world, uri)
+    assert submitted.status_code == 201, submitted.content
+    job = Job.objects.get(pk=submitted.json()["id"])
+    # The plan shows the package, never a working link.
+    plan = world.client("viewer").get(f"{WS}jobs/{job.pk}/launch-plan/").json()
+    assert uri in plan["manifest"]["spec"]["runtimeEnvYAML"]
+    attempt = JobAttempt.objects.create(job=job, number=1, cluster_name="k-1")
+    request = execution.launch_request(attempt, execution.resolve_target(job))
+    link = request.spec["runtime_env"]["working_dir"]
+    assert link.startswith("https://manta.acme.test/api/v1/package-downloads/")
+    assert link.endswith(".zip") and not request.packages
+    path = link.removeprefix("https://manta.acme.test")
+    anonymous = APIClient()
+    got = anonymous.get(path)
+    assert got.status_code == 200 and b"".join(got.streaming_content) == CODE
+    tampered = path.replace(path[-8:-4], "0000" if path[-8:-4] != "0000" else "1111")
+    assert anonymous.get(tampered).status_code == 404
+    sha = uri.rsplit("/", 1)[1]
+    expired = services.download_url(sha, now=0).removeprefix("https://manta.acme.test")
+    assert anonymous.get(expired).status_code == 404
+    assert anonymous.get("/api/v1/package-downloads/" + "0" * 64 + "-1-x.zip").status_code == 404
+
+
+def test_kuberay_refuses_packages_where_no_link_can_be_made(world, settings):
+    settings.MANTA_PUBLIC_URL = ""
+    kuberay_workspace(world)
+    uri = upload(world, CODE).json()["uri"]
+    response = submit_package_job(world, uri)
+    assert response.status_code == 400
+    assert "MANTA_PUBLIC_URL" in response.json()["errors"]["runtime_env.working_dir"][0]
+    assert not Job.objects.exists()
+
+
+def test_object_storage_presigns_the_link_itself(settings):
+    """S3-compatible storage signs its own URL (computed locally by boto3; no S3 is contacted)."""
+    settings.MANTA_PUBLIC_URL = ""
+    settings.MANTA_PACKAGE_URL_SECONDS = 600
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "packages": {
+            "BACKEND": "storages.backends.s3.S3Storage",
+            "OPTIONS": {
+                "bucket_name": "manta-packages",
+                "endpoint_url": "https://s3.acme.test",
+                "access_key": "AKIAEXAMPLE",
+                "secret_key": "secret",
+                "region_name": "us-east-1",
+            },
+        },
+    }
+    assert services.download_urls_available()
+    sha = "ab" * 32
+    link = services.download_url(sha)
+    path, _, query = link.partition("?")
+    assert path.startswith("https://s3.acme.test/manta-packages/ab/") and path.endswith(".zip")
+    fields = dict(part.split("=", 1) for part in query.split("&"))
+    assert fields.get("Signature") or fields.get("X-Amz-Signature")
+    if "Expires" in fields:  # signature v2: an absolute time
+        assert abs(int(fields["Expires"]) - (time.time() + 600)) < 30
+    else:
+        assert fields["X-Amz-Expires"] == "600"
