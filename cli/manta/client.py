@@ -211,6 +211,12 @@ class Client:
             ),
         )
 
+    # --- code sources -----------------------------------------------------------------------
+
+    def code_sources(self) -> list[JsonDict]:
+        """The workspace's git code sources (``spec.code.source`` names one)."""
+        return list(self._pages(self._ws_path("code-sources/")))
+
     # --- plumbing ---------------------------------------------------------------------------
 
     def _org(self) -> str:

@@ -158,6 +158,20 @@ def templates_table(templates: list[Template]) -> Table:
     return table
 
 
+def sources_table(sources: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in ("NAME", "URL", "DEFAULT REF", "DEPLOY KEY"):
+        table.add_column(column)
+    for source in sources:
+        table.add_row(
+            escape(source.get("name", "")),
+            escape(source.get("url", "")),
+            escape(source.get("default_ref", "")),
+            "yes" if source.get("has_deploy_key") else "no",
+        )
+    return table
+
+
 def events_table(events: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold")
     for column in ("AT", "EVENT", "FROM", "TO", "BY", "REASON"):

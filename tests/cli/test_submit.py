@@ -153,3 +153,35 @@ def test_an_adhoc_job_needs_an_image_and_a_workspace_that_allows_it(manta, live_
     refused = manta.as_user("developer", "submit", "--image", "rayproject/ray:2.60.0", "--", "x")
     assert refused.exit_code == 2
     assert "spec: " in refused.stderr and "adhoc_jobs" in refused.stderr
+
+
+def test_sources_ls_and_an_adhoc_job_from_a_code_source(manta, live_world, monkeypatch):
+    from config import ssrf
+    from packages import sources
+    from tests.conftest import SYSTEM
+
+    public = [ssrf.ipaddress.ip_address("93.184.216.34")]
+    monkeypatch.setattr(ssrf, "resolve", lambda host, port: public)
+    sources.source_create(
+        actor=SYSTEM,
+        workspace=live_world.ws,
+        name="trainer",
+        url="https://git.example.com/acme/trainer.git",
+    )
+    listed = manta.as_user("developer", "sources", "ls")
+    assert listed.exit_code == 0 and "git.example.com/acme/trainer.git" in listed.stdout
+    live_world.ws.adhoc_jobs = True
+    live_world.ws.save()
+    result = manta.as_user(
+        "developer", "-o", "json", "submit", "--image", "rayproject/ray:2.60.0",
+        "--source", "trainer", "--ref", "v1.2", "--", "python", "train.py",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    job = Job.objects.get(pk=json.loads(result.stdout)["id"])
+    assert job.spec["code"] == {"source": "trainer", "ref": "v1.2"}
+    assert "working_dir" not in job.spec["runtime_env"]
+    both = manta.as_user(
+        "developer", "submit", "--image", "i", "--source", "trainer", "--working-dir", ".",
+        "--", "x",
+    )  # fmt: skip
+    assert both.exit_code == 2 and "not both" in both.stderr

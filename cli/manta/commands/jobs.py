@@ -15,6 +15,7 @@ from .watch import finish, follow_until_done
 
 jobs_app = typer.Typer(help="List, inspect, follow and decide on jobs.", no_args_is_help=True)
 templates_app = typer.Typer(help="The workspace's job templates.", no_args_is_help=True)
+sources_app = typer.Typer(help="The workspace's git code sources.", no_args_is_help=True)
 
 JobId = Annotated[int, typer.Argument(help="The job's id")]
 Reason = Annotated[str, typer.Option(help="Why (kept in the job's timeline)")]
@@ -178,6 +179,20 @@ def templates_get(
     overridable = ", ".join(found.get("allowed_overrides") or []) or "nothing"
     console.print(f"overridable: {output.escape(overridable)}")
     console.print_json(data=found.get("spec") or {})
+
+
+@sources_app.command("ls")
+def sources_ls(ctx: typer.Context, output_format: OutputOption = None) -> None:
+    """The workspace's code sources (submit --source NAME --ref REF runs one of them)."""
+    state = use(ctx, output_format)
+    with common.client() as client:
+        sources = client.code_sources()
+    if state.as_json:
+        output.print_json(sources)
+    elif not sources:
+        info("no code sources")
+    else:
+        output.stdout().print(output.sources_table(sources))
 
 
 def quota(ctx: typer.Context, output_format: OutputOption = None) -> None:

@@ -38,6 +38,14 @@ def submit(
             ".git) as the job's working_dir"
         ),
     ] = None,
+    source: Annotated[
+        str | None,
+        typer.Option(help="Run code from this git code source of the workspace (its name)"),
+    ] = None,
+    ref: Annotated[
+        str | None,
+        typer.Option(help="The branch, tag or commit of --source (default: the source's)"),
+    ] = None,
     image: Annotated[str | None, typer.Option(help="The Ray image (ad-hoc jobs need one)")] = None,
     workers: Annotated[int | None, typer.Option(help="Worker replicas", min=0)] = None,
     cpu: Annotated[float | None, typer.Option(help="CPUs per worker", min=0)] = None,
@@ -68,6 +76,11 @@ def submit(
         raise UsageProblem("give the entrypoint after --, or --template NAME")
     if not template and not image:
         raise UsageProblem("an ad-hoc job needs --image (or submit from a --template NAME)")
+    if source and working_dir:
+        raise UsageProblem("give --working-dir or --source, not both")
+    if ref and not source:
+        raise UsageProblem("--ref picks a commit of a --source")
+    code = {"source": source, **({"ref": ref} if ref else {})} if source else None
     sizes = {"replicas": workers, "cpu": cpu, "gpu": gpu, "memory_gb": memory_gb}
     with common.client() as client:
         found = None
@@ -79,6 +92,8 @@ def submit(
         uri = upload_working_dir(client, working_dir) if working_dir else None
         if found is not None:
             overrides = template_overrides(found, words, image, uri, sizes)
+            if code:
+                overrides["code"] = code
             job = client.submit_job(
                 template=found["id"], name=name or "", overrides=overrides, idempotency_key=_key()
             )
@@ -89,6 +104,7 @@ def submit(
                 "runtime_env": {"working_dir": uri} if uri else {},
                 "head": dict(ADHOC_HEAD),
                 "worker_groups": [_resize(ADHOC_WORKERS, sizes)],
+                **({"code": code} if code else {}),
             }
             job = client.submit_job(spec=spec, name=name or "", idempotency_key=_key())
         if not follow_job:
