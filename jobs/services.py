@@ -19,6 +19,7 @@ from packages.services import package_require
 from packages.services import sha_of as package_sha
 from packages.sources import source_require
 from quotas.services import check_submission
+from workspaces.archive import require_active
 from workspaces.models import ApprovalPolicy, ComputeTarget, ComputeTargetKind, Workspace
 
 from . import spec as job_spec
@@ -75,6 +76,7 @@ def template_create(
     except serializers.ValidationError as exc:
         raise invalid_from_serializer(exc) from exc
     overrides = _validate_overrides_list(allowed_overrides or [])
+    require_active(workspace)
     if JobTemplate.objects.filter(workspace=workspace, name=name).exists():
         raise Conflict(f"a template named {name!r} exists", errors={"name": ["already taken"]})
     template = JobTemplate.objects.create(
@@ -124,6 +126,7 @@ def template_update(
         .select_related("workspace__organization")
         .get(pk=template.pk)
     )
+    require_active(template.workspace)
     if template.archived_at is not None:
         raise Conflict("the template is archived")
     latest = template.versions.get(version=template.latest_version)
@@ -180,6 +183,7 @@ def template_archive(*, actor: Actor, template: JobTemplate) -> JobTemplate:
     template = (
         JobTemplate.objects.select_for_update().select_related("workspace").get(pk=template.pk)
     )
+    require_active(template.workspace)
     if template.archived_at is None:
         template.archived_at = timezone.now()
         template.save(update_fields=["archived_at", "updated_at"])
@@ -297,6 +301,7 @@ def job_submit(
         existing = _replay(workspace, actor, idempotency_key, fingerprint)
         if existing is not None:
             return existing, False
+    require_active(workspace)
     try:
         with transaction.atomic():
             return _job_create(
@@ -387,6 +392,7 @@ def _decide(actor: Actor, job: Job, to_state: str, **kwargs) -> Job:
 
 
 def job_approve(*, actor: Actor, job: Job, reason: str = "") -> Job:
+    require_active(job.workspace)  # rejecting and cancelling stay possible: they stop work
     return _decide(
         actor,
         job,

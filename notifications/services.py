@@ -20,6 +20,7 @@ from audit import services as audit
 from audit.context import Actor
 from config import secrets as secrets_box
 from config.errors import Conflict, InvalidInput
+from workspaces.archive import require_active
 from workspaces.models import Organization, User, Workspace
 
 from . import emails, selectors, signing, ssrf
@@ -92,6 +93,8 @@ def webhook_create(
     enabled: bool = True,
 ) -> tuple[WebhookEndpoint, str]:
     """Create an endpoint; returns it and its signing secret (which is never shown again)."""
+    if workspace is not None:
+        require_active(workspace)
     types = _clean_event_types(event_types, org_level=workspace is None)
     _check_url(url)
     endpoint = WebhookEndpoint.objects.create(

@@ -29,6 +29,7 @@ from rest_framework import status
 from audit import services as audit
 from audit.context import Actor
 from config.errors import DomainError, InvalidInput
+from workspaces.archive import require_active
 from workspaces.models import Workspace
 
 from .models import URI_PREFIX, CodePackage
@@ -95,6 +96,7 @@ def package_store(
         sha256 = digest.hexdigest()
     if size > settings.MANTA_PACKAGE_MAX_BYTES:
         raise _too_large(size)
+    require_active(workspace)
     _check_zip(path)
     name = blob_name(sha256)
     if not storage().exists(name):

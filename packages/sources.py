@@ -30,6 +30,7 @@ from config import secrets as secrets_box
 from config import ssrf
 from config.errors import Conflict, DomainError, InvalidInput
 from jobs import spec as job_spec
+from workspaces.archive import require_active
 from workspaces.models import Workspace
 
 from .models import CodePackage, CodeSource
@@ -116,6 +117,7 @@ def source_create(
     deploy_key: str = "",
     known_hosts: str = "",
 ) -> CodeSource:
+    require_active(workspace)
     if CodeSource.objects.filter(workspace=workspace, name=name).exists():
         raise Conflict(f"code source {name!r} exists", errors={"name": ["already taken"]})
     key = secrets_box.encrypt(check_deploy_key(deploy_key)) if deploy_key else ""
@@ -142,6 +144,7 @@ def source_create(
 @transaction.atomic
 def source_update(*, actor: Actor, source: CodeSource, data: dict[str, Any]) -> CodeSource:
     source = CodeSource.objects.select_for_update().get(pk=source.pk)
+    require_active(source.workspace)
     before = _public(source)
     if "url" in data:
         source.url = check_url(data["url"])

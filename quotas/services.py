@@ -13,6 +13,7 @@ from rest_framework import status
 from audit import services as audit
 from audit.context import Actor
 from config.errors import DomainError, InvalidInput
+from workspaces.archive import require_active
 
 from .models import RESOURCES, OrgQuota, Reservation, WorkspaceQuota
 
@@ -102,6 +103,7 @@ def org_quota_update(*, actor: Actor, organization, data: dict[str, Any]) -> Org
 
 @transaction.atomic
 def workspace_quota_update(*, actor: Actor, workspace, data: dict[str, Any]) -> WorkspaceQuota:
+    require_active(workspace)
     org_q, _ = OrgQuota.objects.select_for_update().get_or_create(
         organization=workspace.organization
     )

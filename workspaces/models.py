@@ -5,8 +5,11 @@ Writes go through ``workspaces/services.py``; nothing here changes more than its
 
 from __future__ import annotations
 
+import math
+
 from django.contrib.auth.base_user import AbstractBaseUser, BaseUserManager
 from django.contrib.auth.models import Group, PermissionsMixin
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
@@ -15,6 +18,32 @@ slug_validator = RegexValidator(
     r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$",
     "Use 1-40 lowercase letters, digits and hyphens, starting and ending with a letter or digit.",
 )
+
+
+# The keys a workspace's approval thresholds may name: above any, a job needs approval.
+THRESHOLD_KEYS = ("gpu", "cpu", "memory_gb", "max_runtime_seconds")
+
+
+def validate_approval_thresholds(value) -> None:
+    """Checked by the model, so the API, the admin panel and commands refuse the same values."""
+    if not isinstance(value, dict):
+        raise ValidationError("must be an object of resource → limit")
+    unknown = sorted(set(value) - set(THRESHOLD_KEYS))
+    if unknown:
+        raise ValidationError(
+            f"unknown key(s) {', '.join(map(str, unknown))}; allowed: {', '.join(THRESHOLD_KEYS)}"
+        )
+    for key, limit in value.items():
+        number = isinstance(limit, int | float) and not isinstance(limit, bool)
+        if not number or not math.isfinite(limit) or not 0 <= limit <= 1e15:
+            raise ValidationError(f"{key}: must be a number from 0 to 1e15, not {limit!r}")
+
+
+def validate_image_prefixes(value) -> None:
+    if not isinstance(value, list) or not all(
+        isinstance(item, str) and item and len(item) <= 300 and "\0" not in item for item in value
+    ):
+        raise ValidationError("must be a list of non-empty image prefixes (at most 300 characters)")
 
 
 class UserManager(BaseUserManager["User"]):
@@ -61,7 +90,9 @@ class Organization(models.Model):
     slug = models.SlugField(max_length=40, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=200)
     # Image policy: a template's image must start with one of these.
-    allowed_image_prefixes = models.JSONField(default=list, blank=True)
+    allowed_image_prefixes = models.JSONField(
+        default=list, blank=True, validators=[validate_image_prefixes]
+    )
     # The most Ray nodes (head + worker replicas) one job may ask for.
     max_nodes_per_job = models.PositiveIntegerField(
         default=16, validators=[MinValueValidator(1), MaxValueValidator(1000)]
@@ -120,7 +151,9 @@ class Workspace(models.Model):
         max_length=16, choices=ApprovalPolicy.choices, default=ApprovalPolicy.AUTO
     )
     # {"gpu": 1, "cpu": 16, "memory_gb": 64, "max_runtime_seconds": 3600}: above any → approval.
-    approval_thresholds = models.JSONField(default=dict, blank=True)
+    approval_thresholds = models.JSONField(
+        default=dict, blank=True, validators=[validate_approval_thresholds]
+    )
     compute_target = models.CharField(max_length=64, default="local")
     # Jobs submitted with a spec of their own instead of a template (every rule still applies).
     adhoc_jobs = models.BooleanField(default=False)

@@ -18,9 +18,11 @@ from guardian.shortcuts import assign_perm
 from audit import services as audit
 from audit.context import Actor
 from config import secrets as secrets_box
-from config.errors import Conflict, InvalidInput, clean_or_raise
+from config.errors import Conflict, Forbidden, InvalidInput, clean_or_raise
 from notifications.services import event_emit
 
+from . import roles
+from .archive import require_active
 from .models import (
     ApiToken,
     ComputeTarget,
@@ -143,6 +145,17 @@ def user_create_in_org(
         changes={"org_role": [None, org_role]},
     )
     return membership
+
+
+def _is_org_admin(actor: Actor, organization: Organization) -> bool:
+    return (
+        actor.kind == "system"
+        or OrgMembership.objects.filter(
+            organization=organization,
+            user_id=actor.user_id,
+            role__in=roles.ORG_ROLES_ADMINISTERING_WORKSPACES,
+        ).exists()
+    )
 
 
 def _is_owner(actor: Actor, organization: Organization) -> bool:
@@ -271,16 +284,28 @@ WORKSPACE_EDITABLE = [
 ]
 
 
+APPROVAL_SETTINGS = frozenset({"approval_policy", "approval_thresholds"})
+
+
 @transaction.atomic
 def workspace_update(*, actor: Actor, workspace: Workspace, data: dict[str, Any]) -> Workspace:
     ws = Workspace.objects.select_for_update().select_related("organization").get(pk=workspace.pk)
-    if ws.archived_at is not None:
-        raise Conflict("the workspace is archived", errors={})
+    require_active(ws)
     before = audit.snapshot(ws, WORKSPACE_EDITABLE)
     for field in WORKSPACE_EDITABLE:
         if field in data:
             setattr(ws, field, data[field])
     changes = audit.diff(ws, before, WORKSPACE_EDITABLE)
+    # Who approves is the organisation's call: a workspace admin could otherwise switch approval
+    # off, submit their own job, and switch it back.
+    approval = sorted(set(changes) & APPROVAL_SETTINGS)
+    if approval and not _is_org_admin(actor, ws.organization):
+        raise Forbidden(
+            f"{approval[0]}: only organisation owners and admins change approval settings",
+            errors={
+                name: ["only organisation owners and admins may change it"] for name in approval
+            },
+        )
     target_known = (
         ws.compute_target == "local"
         or ComputeTarget.objects.filter(
@@ -333,6 +358,7 @@ def _set_group(membership: WorkspaceMembership, old_role: str | None) -> None:
 @transaction.atomic
 def member_add(*, actor: Actor, workspace: Workspace, email: str, role: str) -> WorkspaceMembership:
     """Grant ``role`` on ``workspace`` to a member of the workspace's organisation."""
+    require_active(workspace)
     if role not in WorkspaceRole.values:
         raise InvalidInput.on("role", f"must be one of {', '.join(WorkspaceRole.values)}")
     user = User.objects.filter(
@@ -368,6 +394,7 @@ def member_add(*, actor: Actor, workspace: Workspace, email: str, role: str) -> 
 def member_update(
     *, actor: Actor, membership: WorkspaceMembership, role: str
 ) -> WorkspaceMembership:
+    require_active(membership.workspace)
     if role not in WorkspaceRole.values:
         raise InvalidInput.on("role", f"must be one of {', '.join(WorkspaceRole.values)}")
     membership = (
@@ -398,6 +425,7 @@ def member_remove(*, actor: Actor, membership: WorkspaceMembership) -> None:
         .select_related("user", "workspace__organization")
         .get(pk=membership.pk)
     )
+    require_active(membership.workspace)
     membership.user.groups.remove(_role_group(membership.workspace, membership.role))
     audit.record(
         actor=actor,

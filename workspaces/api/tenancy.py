@@ -13,10 +13,14 @@ from typing import Any
 
 from django.db.models import QuerySet
 from rest_framework import exceptions, viewsets
+from rest_framework.permissions import SAFE_METHODS
 
 from audit.context import Actor
 from workspaces import selectors
+from workspaces.archive import require_active
 from workspaces.models import Organization, OrgMembership, Workspace
+
+ARCHIVED_ALLOWED = frozenset({"cancel", "reject"})
 
 
 class TenantViewSetMixin:
@@ -108,6 +112,14 @@ class WorkspaceViewSetMixin(TenantViewSetMixin):
 
     def held_permissions(self) -> frozenset[str]:
         return self.org_perms | self.ws_perms
+
+    def check_action_permission(self) -> None:
+        super().check_action_permission()
+        # An archived workspace is read-only; rejecting and cancelling jobs stay possible, as
+        # they only stop work.
+        action = getattr(self, "action", None)
+        if self.request.method not in SAFE_METHODS and action not in ARCHIVED_ALLOWED:
+            require_active(self.workspace)
 
 
 class TenantViewSet(TenantViewSetMixin, viewsets.GenericViewSet):
