@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from django.apps import apps
+
 from audit.models import AuditEvent
 
 IN_ORG = ("owner", "org_admin", "member", "ws_admin", "developer", "viewer")
@@ -32,6 +34,11 @@ class Case:
     audit: str | None = None  # the action a successful call records
     ws_scoped: bool = True
     params: Callable[[Any], dict[str, Any]] | None = None  # extra path values from the world
+    # Not a tenant route (me/, tokens, the org list): every signed-in user is just a user, and
+    # one outside ``allowed`` gets ``refused`` (a token of someone else does not exist: 404).
+    personal: bool = False
+    refused: int = 403
+    content_type: str | None = None  # a body that is not JSON (bytes), e.g. a zip
 
     def url(self, world) -> str:
         values = {"org": world.org.slug, "ws": world.ws.slug}
@@ -47,12 +54,17 @@ class Case:
 
 
 def call(client, case: Case, url: str, payload):
-    return getattr(client, case.method.lower())(url, data=payload, format="json")
+    method = getattr(client, case.method.lower())
+    if case.content_type:
+        return method(url, data=payload, content_type=case.content_type)
+    return method(url, data=payload, format="json")
 
 
 def expected_status(case: Case, who: str | None) -> int:
     if who is None:
         return 401
+    if case.personal:
+        return case.status if who in case.allowed else case.refused
     if who == "foreign":
         return 404
     if case.ws_scoped and who not in WS_VISIBLE:
@@ -65,6 +77,7 @@ def expected_status(case: Case, who: str | None) -> int:
 def check_case(world, case: Case, who: str | None) -> None:
     url, payload = case.url(world), case.payload(world)  # may create the rows the case needs
     before = AuditEvent.objects.count()
+    rows = row_counts()
     last_id = AuditEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
     response = call(world.client(who), case, url, payload)
     expected = expected_status(case, who)
@@ -78,6 +91,7 @@ def check_case(world, case: Case, who: str | None) -> None:
         body = response.json()
         assert set(body) >= {"type", "detail", "errors"}, body
         assert AuditEvent.objects.count() == before, "a refused call must change nothing"
+        assert row_counts() == rows, f"{case.name}: a refused call must change no row"
         return
     new = list(AuditEvent.objects.filter(id__gt=last_id))
     if case.audit is None:
@@ -88,4 +102,14 @@ def check_case(world, case: Case, who: str | None) -> None:
     assert event.actor_id == world.users[who].pk
     assert event.actor_type == "token"
     assert event.request_id == response["X-Request-ID"]
-    assert event.organization_id == world.org.pk
+    if not case.personal:
+        assert event.organization_id == world.org.pk
+
+
+def row_counts() -> dict[str, int]:
+    """How many rows every table holds (sessions aside: a login is not a change)."""
+    return {
+        model._meta.label: model.objects.count()
+        for model in apps.get_models()
+        if model._meta.label != "sessions.Session"
+    }
