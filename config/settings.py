@@ -16,6 +16,8 @@ env = environ.Env()
 
 DEBUG = env.bool("DEBUG", default=False)
 SECRET_KEY = env.str("SECRET_KEY", default="insecure-embedded-default-change-me")
+# Session and CSRF cookies (the admin panel) only over HTTPS, unless DEBUG.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("MANTA_SECURE_COOKIES", default=not DEBUG)
 MANTA_ENCRYPTION_KEY = env.str("MANTA_ENCRYPTION_KEY", default="")
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
@@ -92,6 +94,10 @@ AUTHENTICATION_BACKENDS = [
 ]
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator",
+        "OPTIONS": {"user_attributes": ("email", "full_name")},
+    },
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
 PASSWORD_HASHERS = env.list(

@@ -79,7 +79,7 @@ def org_create(
     owner = User.objects.filter(email__iexact=owner_email).first()
     if owner is None:
         if owner_password:
-            _check_password(owner_password)
+            _check_password(owner_password, User(email=owner_email))
         owner = User.objects.create_user(owner_email, owner_password)
     OrgMembership.objects.create(organization=org, user=owner, role=OrgRole.OWNER)
     _sync_staff(owner)
@@ -128,7 +128,7 @@ def user_create_in_org(
         raise InvalidInput.on("org_role", "only an owner can create another owner")
     user = User.objects.filter(email__iexact=email).first()
     if user is None:
-        _check_password(password)
+        _check_password(password, User(email=email, full_name=full_name))
         user = User.objects.create_user(email, password, full_name=full_name)
     elif OrgMembership.objects.filter(organization=organization, user=user).exists():
         raise Conflict(

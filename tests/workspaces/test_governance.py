@@ -157,9 +157,7 @@ def admin_change(client, world, thresholds: str):
     )
 
 
-@pytest.mark.parametrize(
-    "thresholds", ['{"cpu": "abc"}', '{"gpus": 1}', '{"cpu": -1}', "[1]"]
-)
+@pytest.mark.parametrize("thresholds", ['{"cpu": "abc"}', '{"gpus": 1}', '{"cpu": -1}', "[1]"])
 def test_the_admin_panel_refuses_what_the_api_refuses(world, thresholds):
     client = admin_client()
     before = row_counts()
@@ -180,3 +178,10 @@ def test_the_admin_panel_saves_valid_thresholds_and_submissions_keep_working(wor
     assert response.status_code == 302, response.content.decode()[:2000]
     world.ws.refresh_from_db()
     assert world.ws.approval_thresholds == {"cpu": 4}
+
+
+def test_a_password_like_the_email_is_refused(world):
+    body = {"email": "jane.doe@acme.test", "password": "jane.doe@acme"}
+    response = world.client("owner").post("/api/v1/orgs/acme/users/", body, format="json")
+    assert response.status_code == 400
+    assert "similar" in response.json()["errors"]["password"][0]
