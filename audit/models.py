@@ -1,15 +1,22 @@
 """Append-only, hash-chained audit events.
 
 Each organisation has its own chain (``chain = "org:<id>"``; user-level events such as token
-issuance that belong to no org go to ``"global"``). ``hash = sha256(prev_hash + canonical_json)``
+issuance that belong to no org go to ``"global"``). ``hash = sha256(prev_hash + canonical form)``
 over every stored field, so changing, removing or reordering a stored row breaks the chain at that
-row. On PostgreSQL a trigger (migration 0002) refuses UPDATE, DELETE and TRUNCATE outright.
+row; ``hash_version`` names the canonical form (audit/chain.py). On PostgreSQL a trigger
+(migration 0003) refuses UPDATE, DELETE and TRUNCATE outright.
 """
 
 from django.conf import settings
 from django.db import models
 
 GENESIS_HASH = "0" * 64
+
+# The canonical forms an event's hash is computed over (audit/chain.py): 1 = json.dumps of the
+# values before storage (rows written before migration 0004), 2 = RFC 8785 of the stored values.
+HASH_V1_JSON_DUMPS = 1
+HASH_V2_RFC8785 = 2
+HASH_VERSION = HASH_V2_RFC8785  # what new events are written with
 
 
 class AuditChainHead(models.Model):
@@ -51,6 +58,11 @@ class AuditEvent(models.Model):
     user_agent = models.CharField(max_length=512, blank=True)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
+    # The database default labels rows written without a version (before migration 0004, or by a
+    # writer that predates it) as version 1, which is how such writers hash.
+    hash_version = models.PositiveSmallIntegerField(
+        default=HASH_VERSION, db_default=HASH_V1_JSON_DUMPS
+    )
 
     class Meta:
         ordering = ["id"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from config.db import copy_insert
@@ -14,12 +14,26 @@ from config.db import copy_insert
 from .actions import is_registered
 from .chain import event_hash, org_chain
 from .context import Actor, current_request
-from .models import GENESIS_HASH, AuditChainHead, AuditEvent
+from .models import GENESIS_HASH, HASH_VERSION, AuditChainHead, AuditEvent
 
 
-def _jsonable(value: Any) -> Any:
-    # Store exactly what gets hashed: datetimes, decimals and UUIDs become strings up front.
-    return json.loads(json.dumps(value, default=str))
+def _as_stored(values: list[Any]) -> list[Any]:
+    """The JSON values as the database gives them back once stored, which is what gets hashed.
+
+    Datetimes, decimals and UUIDs become strings first, as they always have (``default=str``);
+    NaN and infinities, which no JSON column stores, are refused here. On PostgreSQL the batch
+    takes one round-trip through jsonb, which keeps numbers as ``numeric`` and prints them its
+    own way (the float ``1e16`` comes back as the integer ``10000000000000000``, ``-0.0`` as
+    ``0.0``); other databases store the JSON text itself.
+    """
+    text = json.dumps(values, default=str, allow_nan=False)
+    if connection.vendor != "postgresql":
+        return json.loads(text)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s::jsonb", [text])
+        stored = cursor.fetchone()[0]
+    # Django reads jsonb as text and decodes it in JSONField, as this does.
+    return json.loads(stored) if isinstance(stored, str) else stored
 
 
 def diff(instance: models.Model, before: dict[str, Any], fields: list[str]) -> dict[str, list]:
@@ -90,7 +104,11 @@ def record_many(
         head = AuditChainHead.objects.select_for_update().get(chain=chain)
 
     events, seq, prev_hash, now = [], head.seq, head.hash, timezone.now()
-    for entry in entries:
+    # Hash what the database will hand back to verify: the JSON columns as stored, the address
+    # as the inet column prints it.
+    stored_json = _as_stored([[e.get("changes") or {}, e.get("metadata") or {}] for e in entries])
+    ip = AuditEvent._meta.get_field("ip").get_prep_value(ctx.ip)
+    for entry, (changes, metadata) in zip(entries, stored_json, strict=True):
         target = entry.get("target")
         target_id = entry.get("target_id")
         seq += 1
@@ -111,12 +129,13 @@ def record_many(
             target_repr=(entry.get("target_repr") or (str(target) if target is not None else ""))[
                 :300
             ],
-            changes=_jsonable(entry.get("changes") or {}),
-            metadata=_jsonable(entry.get("metadata") or {}),
+            changes=changes,
+            metadata=metadata,
             request_id=ctx.request_id,
-            ip=ctx.ip,
+            ip=ip,
             user_agent=ctx.user_agent,
             prev_hash=prev_hash,
+            hash_version=HASH_VERSION,
         )
         event.hash = prev_hash = event_hash(prev_hash, event)
         events.append(event)
