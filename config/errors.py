@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, status
@@ -55,6 +57,18 @@ def invalid_from_serializer(exc: exceptions.ValidationError, prefix: str = "") -
     if prefix:
         errors = {f"{prefix}.{key}": value for key, value in errors.items()}
     return InvalidInput(summarize(errors), errors=errors)
+
+
+class UnparsableBody(InvalidInput):
+    """A request body the API will not read (config/parsers.py): nested too deep, or holding a
+    string, key or number PostgreSQL cannot store."""
+
+    type = "parse_error"
+
+
+class PayloadTooLarge(DomainError):
+    type = "payload_too_large"
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
 
 
 class Conflict(DomainError):
@@ -126,6 +140,13 @@ def summarize(errors: dict[str, list[str]]) -> str:
 
 
 def exception_handler(exc: Exception, context: dict) -> Response | None:
+    if isinstance(exc, RequestDataTooBig):
+        # Django raises it when DRF reads the body; unhandled, Django would answer an HTML 400.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        exc = PayloadTooLarge(
+            f"the request body is larger than the limit of {limit} bytes "
+            "(DATA_UPLOAD_MAX_MEMORY_SIZE)"
+        )
     if isinstance(exc, DomainError):
         body = {"type": exc.type, "detail": exc.detail, "errors": exc.errors}
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None

@@ -4,6 +4,7 @@
 Documented in the README ("Configuration").
 """
 
+import re
 from pathlib import Path
 
 import environ
@@ -15,9 +16,11 @@ VAR_DIR = Path(environ.Env().str("MANTA_VAR_DIR", default=str(BASE_DIR / "var"))
 env = environ.Env()
 
 DEBUG = env.bool("DEBUG", default=False)
-SECRET_KEY = env.str("SECRET_KEY", default="insecure-embedded-default-change-me")
+# How long an invitation into an organisation can be accepted.
+MANTA_INVITATION_DAYS = env.int("MANTA_INVITATION_DAYS", default=7)
 # Session and CSRF cookies (the admin panel) only over HTTPS, unless DEBUG.
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("MANTA_SECURE_COOKIES", default=not DEBUG)
+SECRET_KEY = env.str("SECRET_KEY", default="insecure-embedded-default-change-me")
 MANTA_ENCRYPTION_KEY = env.str("MANTA_ENCRYPTION_KEY", default="")
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
@@ -93,11 +96,11 @@ AUTHENTICATION_BACKENDS = [
     "guardian.backends.ObjectPermissionBackend",
 ]
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {
         "NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator",
         "OPTIONS": {"user_attributes": ("email", "full_name")},
     },
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
 PASSWORD_HASHERS = env.list(
@@ -140,13 +143,15 @@ MANTA_PACKAGE_RETENTION_DAYS = env.int("MANTA_PACKAGE_RETENTION_DAYS", default=3
 MANTA_PACKAGE_URL_SECONDS = env.int("MANTA_PACKAGE_URL_SECONDS", default=3600)
 MANTA_PUBLIC_URL = env.str("MANTA_PUBLIC_URL", default="")
 
+# JSON request bodies nested deeper than this are refused with a 400 (config/parsers.py).
+MANTA_JSON_MAX_DEPTH = env.int("MANTA_JSON_MAX_DEPTH", default=64)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "workspaces.authentication.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["config.parsers.StrictJSONParser"],
     "DEFAULT_PAGINATION_CLASS": "config.pagination.StablePageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
@@ -218,6 +223,58 @@ CELERY_BEAT_SCHEDULE = {
     },
     "packages-expire": {"task": "manta.packages.expire", "schedule": 3600.0},
 }
+
+
+# Throttles (config/throttles.py): "count/period", the period s, m, h or d, optionally a multiple
+# of it ("500/30m"); empty turns that throttle off. Every attempt counts, failed logins too.
+def _throttle_rate(name: str, default: str) -> str | None:
+    value = env.str(name, default=default).strip()
+    if value and not re.fullmatch(
+        r"[1-9]\d*/([1-9]\d*)?(s|sec|second|m|min|minute|h|hour|d|day)", value.lower()
+    ):
+        raise ImproperlyConfigured(f"{name}: a rate such as 10/min or 500/30m, or empty for none")
+    return value or None
+
+
+REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {
+    "login_ip": _throttle_rate("MANTA_THROTTLE_LOGIN_IP", "20/min"),
+    "login_account": _throttle_rate("MANTA_THROTTLE_LOGIN_ACCOUNT", "5/min"),
+    "tokens": _throttle_rate("MANTA_THROTTLE_TOKENS", "30/h"),
+    "submit_user": _throttle_rate("MANTA_THROTTLE_SUBMIT_USER", "500/30m"),  # Anyscale's limit
+    "submit_workspace": _throttle_rate("MANTA_THROTTLE_SUBMIT_WORKSPACE", "2000/30m"),
+}
+# A client is its REMOTE_ADDR. Behind N reverse proxies that each append to X-Forwarded-For, set
+# N; with 0 the header, which any client can write, is ignored (DRF's default, None, trusts it).
+REST_FRAMEWORK["NUM_PROXIES"] = env.int("MANTA_NUM_PROXIES", default=0)
+
+# The throttles count in the default cache, which every API process must share: Redis in
+# production (by default the broker's, so compose and production need nothing more; any
+# django-environ cache URL works), files under var/cache/ in the embedded mode. Not local memory
+# there: the embedded API runs two gunicorn processes (scripts/demo.py), each would count alone.
+# Not the database cache: its table needs `createcachetable`, and each count would take SQLite's
+# one write lock.
+_broker_redis = CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else ""
+MANTA_CACHE_URL = env.str("MANTA_CACHE_URL", default=_broker_redis)
+if MANTA_CACHE_URL.startswith(("redis://", "rediss://")):
+    _cache = environ.Env.cache_url_config(
+        MANTA_CACHE_URL, backend="django.core.cache.backends.redis.RedisCache"
+    )
+    # A Redis that hangs holds a request 2 s per call, not forever (the throttles then let it by).
+    _cache["OPTIONS"] = {
+        "socket_timeout": 2,
+        "socket_connect_timeout": 2,
+        **_cache.get("OPTIONS", {}),
+    }
+elif MANTA_CACHE_URL:
+    _cache = environ.Env.cache_url_config(MANTA_CACHE_URL)
+else:
+    # Full, the file cache deletes a third of its entries: room for far more clients than that.
+    _cache = {
+        "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+        "LOCATION": str(VAR_DIR / "cache"),
+        "OPTIONS": {"MAX_ENTRIES": 10_000},
+    }
+CACHES = {"default": {"KEY_PREFIX": "manta", **_cache}}
 
 # Running jobs (jobs/execution.py).
 MANTA_LOCAL_RAY_DIR = env.str("MANTA_LOCAL_RAY_DIR", default="/tmp/manta-ray")

@@ -21,6 +21,8 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from rest_framework import serializers
 
+from config.strict import StrictSerializer
+
 MAX_CPU = 512
 MAX_MEMORY_GB = 4096
 MAX_GPU = 64
@@ -96,7 +98,7 @@ def _resource_number(max_value: float, *, integer: bool = False):
     return serializers.FloatField(min_value=0, max_value=max_value, default=0)
 
 
-class NodeSpec(serializers.Serializer):
+class NodeSpec(StrictSerializer):
     cpu = _resource_number(MAX_CPU)
     memory_gb = _resource_number(MAX_MEMORY_GB)
     gpu = _resource_number(MAX_GPU, integer=True)
@@ -140,7 +142,7 @@ class WorkerGroupSpec(NodeSpec):
         return attrs
 
 
-class RuntimeEnvSpec(serializers.Serializer):
+class RuntimeEnvSpec(StrictSerializer):
     pip = serializers.ListField(
         child=serializers.CharField(max_length=200), required=False, max_length=100
     )
@@ -148,18 +150,6 @@ class RuntimeEnvSpec(serializers.Serializer):
         child=serializers.CharField(max_length=4096, allow_blank=True), required=False
     )
     working_dir = serializers.CharField(max_length=1000, required=False)
-
-    def to_internal_value(self, data: Any) -> dict[str, Any]:
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError(
-                    {
-                        key: [f"unsupported runtime_env key; allowed: {', '.join(self.fields)}"]
-                        for key in unknown
-                    }
-                )
-        return super().to_internal_value(data)
 
     def validate_pip(self, value: list[str]) -> list[str]:
         for entry in value:
@@ -220,7 +210,7 @@ def ray_version_of(image: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-class CodeSpec(serializers.Serializer):
+class CodeSpec(StrictSerializer):
     """Code from a git code source of the workspace (instead of runtime_env.working_dir)."""
 
     source = serializers.SlugField(max_length=63, help_text="The code source's name")
@@ -239,7 +229,7 @@ class CodeSpec(serializers.Serializer):
         return value
 
 
-class JobSpec(serializers.Serializer):
+class JobSpec(StrictSerializer):
     image = serializers.CharField(max_length=300)
     entrypoint = serializers.CharField(max_length=MAX_ENTRYPOINT, trim_whitespace=False)
     runtime_env = RuntimeEnvSpec(required=False)

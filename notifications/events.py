@@ -157,8 +157,9 @@ EVENT_TYPES: dict[str, EventType] = {
     ]
 }
 
-# Types an endpoint can subscribe to (a ping is sent on request, whatever the subscription).
-SUBSCRIBABLE = tuple(name for name in EVENT_TYPES if name != PING)
+# Types an endpoint can subscribe to: all of them. A ping is sent on request whatever the
+# subscription, but naming it is not an error (receivers list what they handle).
+SUBSCRIBABLE = tuple(EVENT_TYPES)
 
 
 def _component_name(event_type: str) -> str:

@@ -143,11 +143,14 @@ def wait_ready(base: str, timeout: float = 60) -> None:
 def scenario(base: str, owner_token: str, receiver_url: str) -> None:
     owner = Api(base, owner_token, "owner")
 
-    step("The owner creates an org admin and a developer")
+    step("The owner invites an org admin and a developer; each accepts with a password")
     for email, role in [("admin@demo.test", "admin"), ("dev@demo.test", "member")]:
-        body = {"email": email, "password": PASSWORD, "org_role": role}
-        user = owner.call("POST", "/api/v1/orgs/demo/users/", body, expect=201)
-        print("   ", brief(user, ["id", "email", "org_role"]))
+        body = {"email": email, "org_role": role}
+        invited = owner.call("POST", "/api/v1/orgs/demo/invitations/", body, expect=201)
+        print("   ", brief(invited, ["id", "email", "org_role", "state"]))
+        accept = {"token": invited["token"], "password": PASSWORD}
+        joined = Api(base).call("POST", "/api/v1/invitations/accept/", accept, expect=200)
+        print("   ", brief(joined, ["organization", "email", "org_role"]))
 
     step("Each signs in for an API token (shown once)")
     tokens = {}

@@ -11,6 +11,14 @@ os.environ.setdefault("MANTA_LOCAL_RAY_DIR", "/tmp/manta-test-ray")
 # loopback and git:// through here, for this process and the workers it starts.
 os.environ.setdefault("MANTA_CODE_SOURCE_ALLOWED_NETWORKS", "127.0.0.0/8")
 os.environ.setdefault("MANTA_CODE_SOURCE_ALLOW_PLAIN", "true")
+# Tests log in and submit far faster than anyone may: the throttles still run (and count), at
+# rates no test reaches; here and in the servers the end-to-end tests start. Only
+# tests/test_throttling.py sets real ones.
+os.environ.setdefault("MANTA_THROTTLE_LOGIN_IP", "100000/s")
+os.environ.setdefault("MANTA_THROTTLE_LOGIN_ACCOUNT", "100000/s")
+os.environ.setdefault("MANTA_THROTTLE_TOKENS", "100000/s")
+os.environ.setdefault("MANTA_THROTTLE_SUBMIT_USER", "100000/s")
+os.environ.setdefault("MANTA_THROTTLE_SUBMIT_WORKSPACE", "100000/s")
 
 from config.settings import *  # noqa: F403
 from config.settings import DATABASES

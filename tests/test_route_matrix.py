@@ -125,6 +125,8 @@ UNMATRIXED = {
     ("POST", "/api/v1/auth/tokens/"): "signing in: anonymous by design (tests/workspaces)",
     ("GET", "/api/v1/package-downloads/{}.zip"): "a signed link is its own credential "
     "(tests/packages/test_packages.py)",
+    ("POST", "/api/v1/invitations/accept/"): "the token is the credential, signed in or not "
+    "(tests/workspaces/test_invitations.py)",
 }
 
 

@@ -134,6 +134,30 @@ class OrgMembership(models.Model):
         return self.role in (OrgRole.OWNER, OrgRole.ADMIN)
 
 
+class Invitation(models.Model):
+    """An invitation of an email address into an organisation: the one way an account joins
+    one. Whoever holds the one-time token accepts it (an existing account with its password),
+    before ``expires_at``; only the token's hash is stored."""
+
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="invitations"
+    )
+    email = models.EmailField()
+    org_role = models.CharField(max_length=16, choices=OrgRole.choices, default=OrgRole.MEMBER)
+    token_hash = models.CharField(max_length=64, unique=True)
+    invited_by = models.ForeignKey(User, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"{self.email} → {self.organization}"
+
+
 class ApprovalPolicy(models.TextChoices):
     AUTO = "auto"
     ALWAYS = "always"

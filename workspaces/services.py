@@ -123,18 +123,17 @@ def user_create_in_org(
     org_role: str = OrgRole.MEMBER,
     full_name: str = "",
 ) -> OrgMembership:
-    """Create a user (or adopt an existing one by email) as a member of ``organization``."""
+    """Create a new account as a member of ``organization`` (commands and fixtures; the API
+    invites instead). An existing account is never adopted: it joins by invitation."""
     if org_role == OrgRole.OWNER and not _is_owner(actor, organization):
         raise InvalidInput.on("org_role", "only an owner can create another owner")
-    user = User.objects.filter(email__iexact=email).first()
-    if user is None:
-        _check_password(password, User(email=email, full_name=full_name))
-        user = User.objects.create_user(email, password, full_name=full_name)
-    elif OrgMembership.objects.filter(organization=organization, user=user).exists():
+    if User.objects.filter(email__iexact=email).exists():
         raise Conflict(
-            f"{user.email} is already a member of {organization.slug}",
-            errors={"email": ["already a member of this organisation"]},
+            f"an account for {email} exists: invite it (orgs/{organization.slug}/invitations/)",
+            errors={"email": ["an account exists: invite it"]},
         )
+    _check_password(password, User(email=email, full_name=full_name))
+    user = User.objects.create_user(email, password, full_name=full_name)
     membership = OrgMembership.objects.create(organization=organization, user=user, role=org_role)
     _sync_staff(user)
     audit.record(

@@ -12,6 +12,7 @@ from audit.chain import org_chain, verify_chain
 from audit.models import AuditEvent
 from audit.selectors import audit_events_for_org
 from config.errors import InvalidInput
+from config.filters import UtcDateTimeFilter
 from workspaces import roles
 from workspaces.api.tenancy import TenantViewSet
 
@@ -51,8 +52,8 @@ class AuditEventFilter(django_filters.FilterSet):
     target_type = django_filters.CharFilter()
     target_id = django_filters.CharFilter()
     request_id = django_filters.CharFilter()
-    since = django_filters.IsoDateTimeFilter(field_name="occurred_at", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="occurred_at", lookup_expr="lt")
+    since = UtcDateTimeFilter(field_name="occurred_at", lookup_expr="gte")
+    until = UtcDateTimeFilter(field_name="occurred_at", lookup_expr="lt")
 
     class Meta:
         model = AuditEvent

@@ -1,6 +1,7 @@
 from drf_spectacular.utils import OpenApiExample, extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
+from config.strict import StrictSerializer
 from jobs import spec as job_spec
 from jobs.models import Job, JobAttempt, JobEvent, JobState, JobTemplate, JobTemplateVersion
 from workspaces.models import ComputeTargetKind
@@ -73,7 +74,7 @@ class TemplateCreateInput(job_spec.JobSpec):
         )
     ]
 )
-class TemplateUpdateInput(serializers.Serializer):
+class TemplateUpdateInput(StrictSerializer):
     """Any spec field, plus description and allowed_overrides: the result is a new version."""
 
     image = serializers.CharField(required=False)
@@ -171,7 +172,7 @@ class TemplateOutput(serializers.ModelSerializer):
         )
     ]
 )
-class JobSubmitInput(serializers.Serializer):
+class JobSubmitInput(StrictSerializer):
     template = serializers.IntegerField(
         required=False, help_text="The template's id; its latest version is used"
     )
@@ -202,14 +203,14 @@ class JobSubmitInput(serializers.Serializer):
         )
     ]
 )
-class ReasonInput(serializers.Serializer):
+class ReasonInput(StrictSerializer):
     reason = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
 
 
 @extend_schema_serializer(
     examples=[OpenApiExample("Reject", value={"reason": "too many GPUs"}, request_only=True)]
 )
-class RejectInput(serializers.Serializer):
+class RejectInput(StrictSerializer):
     reason = serializers.CharField(max_length=1000, help_text="Why the job is rejected")
 
 
@@ -400,7 +401,9 @@ class JobEventOutput(serializers.ModelSerializer):
         fields = ["id", "kind", "from_state", "to_state", "actor", "reason", "data", "created_at"]
 
 
-class LogsQuery(serializers.Serializer):
+class LogsQuery(StrictSerializer):
+    unknown_what = "query parameter"
+
     tail = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
     since = serializers.IntegerField(min_value=0, max_value=2**62, required=False)
     attempt = serializers.IntegerField(min_value=1, required=False)

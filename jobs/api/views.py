@@ -7,6 +7,8 @@ from rest_framework import exceptions, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from config.filters import UtcDateTimeFilter
+from config.throttles import SubmitUserThrottle, SubmitWorkspaceThrottle, ThrottledViewMixin
 from jobs import execution, selectors, services
 from jobs.launchers.base import LaunchError
 from jobs.models import Job, JobState, JobTemplate
@@ -49,7 +51,10 @@ class TemplateViewSet(WorkspaceViewSet):
             raise exceptions.NotFound("No such template.")
         return template
 
-    @extend_schema(operation_id="templates_list")
+    @extend_schema(
+        operation_id="templates_list",
+        parameters=[OpenApiParameter("include_archived", bool, description="Also archived ones")],
+    )
     def list(self, request, org=None, ws=None):
         page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(self._render(page, many=True))
@@ -117,20 +122,21 @@ class JobFilter(django_filters.FilterSet):
     state = django_filters.MultipleChoiceFilter(choices=JobState.choices)
     template = django_filters.NumberFilter(field_name="template_version__template_id")
     submitter = django_filters.CharFilter(field_name="submitted_by__email", lookup_expr="iexact")
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UtcDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = Job
         fields = []
 
 
-class JobViewSet(WorkspaceViewSet):
+class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
     """Jobs of a workspace: submit, follow, approve, reject, cancel."""
 
     queryset = Job.objects.none()
     serializer_class = s.JobOutput
     filterset_class = JobFilter
+    throttle_map = {"create": [SubmitUserThrottle, SubmitWorkspaceThrottle]}
     permission_map = {
         "list": roles.WS_VIEW,
         "retrieve": roles.WS_VIEW,
@@ -233,7 +239,9 @@ class JobViewSet(WorkspaceViewSet):
         )
         return Response(self._render(job))
 
-    @extend_schema(operation_id="job_events_list", responses=s.JobEventOutput(many=True))
+    @extend_schema(
+        operation_id="job_events_list", responses=s.JobEventOutput(many=True), filters=False
+    )
     @action(detail=True)
     def events(self, request, org=None, ws=None, pk=None):
         events = selectors.job_events(self._job(pk))

@@ -6,6 +6,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import serializers
 
+from config.strict import StrictSerializer
 from notifications import delivery as delivery_service
 from notifications.events import ENVELOPES, SUBSCRIBABLE
 from notifications.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
@@ -47,7 +48,7 @@ SECRET_EXAMPLE = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw6vTBNi8YO6Y="
         )
     ]
 )
-class WebhookCreateInput(serializers.Serializer):
+class WebhookCreateInput(StrictSerializer):
     url = serializers.URLField(max_length=2000, help_text="https:// URL that receives the POSTs")
     event_types = serializers.ListField(
         child=serializers.CharField(max_length=64),
@@ -64,7 +65,7 @@ class WebhookCreateInput(serializers.Serializer):
 @extend_schema_serializer(
     examples=[OpenApiExample("Pause", value={"enabled": False}, request_only=True)]
 )
-class WebhookUpdateInput(serializers.Serializer):
+class WebhookUpdateInput(StrictSerializer):
     url = serializers.URLField(max_length=2000, required=False)
     event_types = serializers.ListField(
         child=serializers.CharField(max_length=64),
@@ -111,7 +112,7 @@ class WebhookCreatedOutput(WebhookOutput):
 @extend_schema_serializer(
     examples=[OpenApiExample("One hour", value={"grace_period_seconds": 3600}, request_only=True)]
 )
-class RotateSecretInput(serializers.Serializer):
+class RotateSecretInput(StrictSerializer):
     grace_period_seconds = serializers.IntegerField(
         required=False,
         min_value=0,

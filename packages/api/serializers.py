@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from config.strict import StrictSerializer
 from packages.models import CodePackage, CodeSource
 
 
@@ -32,20 +33,7 @@ class CodeSourceOutput(serializers.ModelSerializer):
         ]
 
 
-class _Strict(serializers.Serializer):
-    """Refuses fields it does not know instead of dropping them."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError(
-                    {name: [f"unknown field; known: {', '.join(self.fields)}"] for name in unknown}
-                )
-        return super().to_internal_value(data)
-
-
-class CodeSourceCreateInput(_Strict):
+class CodeSourceCreateInput(StrictSerializer):
     name = serializers.SlugField(max_length=63)
     url = serializers.CharField(
         max_length=500,

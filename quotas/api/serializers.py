@@ -1,11 +1,12 @@
 from rest_framework import serializers
 
+from config.strict import ReplaceMixin, StrictModelSerializer
 from quotas.models import OrgQuota, WorkspaceQuota
 
 AMOUNT = {"min_value": 0, "max_value": 1_000_000, "required": False, "allow_null": True}
 
 
-class OrgQuotaSerializer(serializers.ModelSerializer):
+class OrgQuotaSerializer(StrictModelSerializer):
     cpu = serializers.FloatField(**AMOUNT, help_text="Capacity; null = unlimited")
     memory_gb = serializers.FloatField(**AMOUNT)
     gpu = serializers.FloatField(**AMOUNT)
@@ -25,7 +26,7 @@ class OrgQuotaSerializer(serializers.ModelSerializer):
         read_only_fields = ["updated_at"]
 
 
-class WorkspaceQuotaSerializer(serializers.ModelSerializer):
+class WorkspaceQuotaSerializer(StrictModelSerializer):
     guaranteed_cpu = serializers.FloatField(min_value=0, max_value=1_000_000, required=False)
     guaranteed_memory_gb = serializers.FloatField(min_value=0, max_value=1_000_000, required=False)
     guaranteed_gpu = serializers.FloatField(min_value=0, max_value=1_000_000, required=False)
@@ -50,6 +51,14 @@ class WorkspaceQuotaSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = ["updated_at"]
+
+
+class OrgQuotaReplaceInput(ReplaceMixin, OrgQuotaSerializer):
+    """A PUT body: the whole quota, null where unlimited."""
+
+
+class WorkspaceQuotaReplaceInput(ReplaceMixin, WorkspaceQuotaSerializer):
+    """A PUT body: the whole quota, null where unlimited."""
 
 
 class ResourceAmounts(serializers.Serializer):

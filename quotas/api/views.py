@@ -14,15 +14,30 @@ class OrgQuotaViewSet(TenantViewSet):
     """The organisation's capacity and queueing policy (org owners and admins)."""
 
     serializer_class = s.OrgQuotaSerializer
-    permission_map = {"retrieve": roles.ORG_VIEW, "partial_update": roles.ORG_MANAGE}
+    permission_map = {
+        "retrieve": roles.ORG_VIEW,
+        "update": roles.ORG_MANAGE,
+        "partial_update": roles.ORG_MANAGE,
+    }
 
     @extend_schema(operation_id="org_quota_retrieve")
     def retrieve(self, request, org=None):
         return Response(s.OrgQuotaSerializer(services.org_quota(self.organization)).data)
 
+    @extend_schema(
+        operation_id="org_quota_replace",
+        request=s.OrgQuotaReplaceInput,
+        responses=s.OrgQuotaSerializer,
+        description="Every field, null where unlimited; PATCH changes only the fields given.",
+    )
+    def update(self, request, org=None):
+        return self._save(s.OrgQuotaReplaceInput(data=request.data))
+
     @extend_schema(operation_id="org_quota_update")
     def partial_update(self, request, org=None):
-        data = s.OrgQuotaSerializer(data=request.data, partial=True)
+        return self._save(s.OrgQuotaSerializer(data=request.data, partial=True))
+
+    def _save(self, data):
         data.is_valid(raise_exception=True)
         quota = services.org_quota_update(
             actor=self.actor, organization=self.organization, data=data.validated_data
@@ -36,6 +51,7 @@ class WorkspaceQuotaViewSet(WorkspaceViewSet):
     serializer_class = s.WorkspaceQuotaSerializer
     permission_map = {
         "retrieve": roles.WS_VIEW,
+        "update": roles.ORG_MANAGE,
         "partial_update": roles.ORG_MANAGE,
         "usage": roles.WS_VIEW,
     }
@@ -44,9 +60,20 @@ class WorkspaceQuotaViewSet(WorkspaceViewSet):
     def retrieve(self, request, org=None, ws=None):
         return Response(s.WorkspaceQuotaSerializer(services.workspace_quota(self.workspace)).data)
 
+    @extend_schema(
+        operation_id="workspace_quota_replace",
+        request=s.WorkspaceQuotaReplaceInput,
+        responses=s.WorkspaceQuotaSerializer,
+        description="Every field, null where unlimited; PATCH changes only the fields given.",
+    )
+    def update(self, request, org=None, ws=None):
+        return self._save(s.WorkspaceQuotaReplaceInput(data=request.data))
+
     @extend_schema(operation_id="workspace_quota_update")
     def partial_update(self, request, org=None, ws=None):
-        data = s.WorkspaceQuotaSerializer(data=request.data, partial=True)
+        return self._save(s.WorkspaceQuotaSerializer(data=request.data, partial=True))
+
+    def _save(self, data):
         data.is_valid(raise_exception=True)
         quota = services.workspace_quota_update(
             actor=self.actor, workspace=self.workspace, data=data.validated_data

@@ -72,7 +72,7 @@ def test_adhoc_jobs_takes_a_boolean_only(world, value):
 def test_the_approval_policy_applies(world):
     allow_adhoc(world)
     policy = {"approval_policy": "threshold", "approval_thresholds": {"cpu": 0.5}}
-    assert world.client("ws_admin").patch(WS, policy, format="json").status_code == 200
+    assert world.client("org_admin").patch(WS, policy, format="json").status_code == 200
     response = post(world, {"spec": SPEC})
     assert response.status_code == 201 and response.json()["state"] == "pending_approval"
 

@@ -10,7 +10,8 @@ JOBS = "/api/v1/orgs/acme/workspaces/ml/jobs/"
 
 def set_policy(world, policy, thresholds=None):
     body = {"approval_policy": policy, "approval_thresholds": thresholds or {}}
-    response = world.client("ws_admin").patch(
+    # Approval settings are the organisation's (tests/workspaces/test_governance.py).
+    response = world.client("org_admin").patch(
         "/api/v1/orgs/acme/workspaces/ml/", body, format="json"
     )
     assert response.status_code == 200

@@ -31,7 +31,7 @@ RULES = [
     ),
     ({"worker_groups": [worker(resources={"GPU": 1})]}, "worker_groups.0.resources", "GPU"),
     ({"worker_groups": [worker(cpu="lots")]}, "worker_groups.0.cpu", "number"),
-    ({"runtime_env": {"conda": "env.yaml"}}, "runtime_env.conda", "unsupported"),
+    ({"runtime_env": {"conda": "env.yaml"}}, "runtime_env.conda", "unknown field"),
     ({"runtime_env": {"pip": ["numpy>>1"]}}, "runtime_env.pip", "requirement specifier"),
     ({"runtime_env": {"env_vars": {"1BAD": "x"}}}, "runtime_env.env_vars", "1BAD"),
     ({"runtime_env": {"working_dir": "ftp://x y"}}, "runtime_env.working_dir", "URI"),

@@ -104,6 +104,16 @@ CASES = [
     Case("ws_quota_update", "PATCH", WS + "quota/", ORG_ADMINS, body={"limit_gpu": 2},
          audit="quota.update"),
     Case("ws_usage", "GET", WS + "usage/", WS_VISIBLE),
+    Case("org_quota_replace", "PUT", "/api/v1/orgs/{org}/quota/", ORG_ADMINS, ws_scoped=False,
+         body={"cpu": 64, "memory_gb": 256, "gpu": 4, "max_running_jobs": None,
+               "policy": "fifo", "balanced_max_wait_seconds": 600, "preemption": False},
+         audit="quota.update"),
+    Case("ws_quota_replace", "PUT", WS + "quota/", ORG_ADMINS,
+         body={"guaranteed_cpu": 0, "guaranteed_memory_gb": 0, "guaranteed_gpu": 0,
+               "limit_cpu": None, "limit_memory_gb": None, "limit_gpu": 2,
+               "max_running_jobs": None, "max_queued_jobs": None,
+               "gpu_hours_per_month": None, "budget_action": "refuse"},
+         audit="quota.update"),
 ]  # fmt: skip
 
 

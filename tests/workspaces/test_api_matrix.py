@@ -1,6 +1,8 @@
 import pytest
 
+from tests.conftest import SYSTEM
 from tests.matrix import IN_ORG, ORG_ADMINS, WS_ADMINS, WS_VISIBLE, Case, check_case
+from workspaces.invitations import invitation_create
 from workspaces.models import WorkspaceMembership
 
 ORG = "/api/v1/orgs/{org}/"
@@ -12,14 +14,21 @@ def developer2_membership(world):
     return {"member": membership.pk}
 
 
+def an_invitation(world):
+    invitation, _ = invitation_create(actor=SYSTEM, organization=world.org, email="x@y.test")
+    return {"invitation": invitation.pk}
+
+
 CASES = [
     Case("org_retrieve", "GET", ORG, IN_ORG, ws_scoped=False),
     Case("org_update", "PATCH", ORG, ORG_ADMINS, body={"name": "Acme Corp"},
          audit="org.update", ws_scoped=False),
     Case("org_users_list", "GET", ORG + "users/", ORG_ADMINS, ws_scoped=False),
-    Case("org_users_create", "POST", ORG + "users/", ORG_ADMINS, status=201,
-         body={"email": "new@acme.test", "password": "a-long-enough-password"},
-         audit="user.create", ws_scoped=False),
+    Case("invitations_list", "GET", ORG + "invitations/", ORG_ADMINS, ws_scoped=False),
+    Case("invitations_create", "POST", ORG + "invitations/", ORG_ADMINS, status=201,
+         body={"email": "new@acme.test"}, audit="invitation.create", ws_scoped=False),
+    Case("invitation_revoke", "DELETE", ORG + "invitations/{invitation}/", ORG_ADMINS,
+         status=204, audit="invitation.revoke", ws_scoped=False, params=an_invitation),
     Case("workspaces_list", "GET", ORG + "workspaces/", IN_ORG, ws_scoped=False),
     Case("workspaces_create", "POST", ORG + "workspaces/", ORG_ADMINS, status=201,
          body={"slug": "new-ws", "name": "New"}, audit="workspace.create", ws_scoped=False),

@@ -181,7 +181,10 @@ def test_the_admin_panel_saves_valid_thresholds_and_submissions_keep_working(wor
 
 
 def test_a_password_like_the_email_is_refused(world):
-    body = {"email": "jane.doe@acme.test", "password": "jane.doe@acme"}
-    response = world.client("owner").post("/api/v1/orgs/acme/users/", body, format="json")
+    invited = world.client("owner").post(
+        "/api/v1/orgs/acme/invitations/", {"email": "jane.doe@acme.test"}, format="json"
+    )
+    body = {"token": invited.json()["token"], "password": "jane.doe@acme"}
+    response = Client().post("/api/v1/invitations/accept/", body, content_type="application/json")
     assert response.status_code == 400
     assert "similar" in response.json()["errors"]["password"][0]

@@ -4,6 +4,7 @@ from drf_spectacular.utils import OpenApiExample, extend_schema_serializer
 from rest_framework import serializers
 
 from config import ssrf
+from config.strict import StrictSerializer, unknown_errors
 from notifications.emails import CATEGORIES as EMAIL_CATEGORIES
 from workspaces import kubeconfig
 from workspaces.models import (
@@ -24,7 +25,7 @@ from workspaces.models import (
 # --- tokens ------------------------------------------------------------------------------------
 
 
-class TokenCreateInput(serializers.Serializer):
+class TokenCreateInput(StrictSerializer):
     email = serializers.EmailField()
     password = serializers.CharField(write_only=True, trim_whitespace=False, max_length=256)
     name = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
@@ -74,7 +75,7 @@ class OrgOutput(serializers.ModelSerializer):
         return self.context.get("roles", {}).get(org.pk, "")
 
 
-class OrgUpdateInput(serializers.Serializer):
+class OrgUpdateInput(StrictSerializer):
     name = serializers.CharField(required=False, max_length=200)
     allowed_image_prefixes = serializers.ListField(
         child=serializers.CharField(max_length=200, min_length=1),
@@ -117,7 +118,7 @@ class MeOutput(serializers.Serializer):
         )
     ]
 )
-class MeUpdateInput(serializers.Serializer):
+class MeUpdateInput(StrictSerializer):
     notification_preferences = serializers.DictField(
         child=serializers.BooleanField(),
         required=False,
@@ -125,7 +126,7 @@ class MeUpdateInput(serializers.Serializer):
     )
 
 
-class OrgUserCreateInput(serializers.Serializer):
+class OrgUserCreateInput(StrictSerializer):
     email = serializers.EmailField()
     password = serializers.CharField(write_only=True, trim_whitespace=False, max_length=256)
     org_role = serializers.ChoiceField(choices=OrgRole.choices, default=OrgRole.MEMBER)
@@ -146,23 +147,31 @@ class OrgUserOutput(serializers.ModelSerializer):
 
 # --- workspaces --------------------------------------------------------------------------------
 
+# What jobs.services.approval_needed compares: the requested resources and the runtime.
 THRESHOLD_KEYS = ("gpu", "cpu", "memory_gb", "max_runtime_seconds")
 
 
-class ApprovalThresholdsField(serializers.DictField):
-    child = serializers.FloatField(min_value=0)
+class ThresholdField(serializers.FloatField):
+    """A JSON number, not a string or a boolean that would coerce to one."""
 
     def to_internal_value(self, data):
-        value = super().to_internal_value(data)
-        unknown = sorted(set(value) - set(THRESHOLD_KEYS))
-        if unknown:
-            raise serializers.ValidationError(
-                f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(THRESHOLD_KEYS)}"
-            )
-        return value
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
-class WorkspaceCreateInput(serializers.Serializer):
+class ApprovalThresholdsField(serializers.DictField):
+    child = ThresholdField(min_value=0)
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = unknown_errors(data, THRESHOLD_KEYS, "resource")
+            if unknown:
+                raise serializers.ValidationError(unknown)
+        return super().to_internal_value(data)
+
+
+class WorkspaceCreateInput(StrictSerializer):
     slug = serializers.CharField(max_length=40, validators=[slug_validator])
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     description = serializers.CharField(
@@ -170,7 +179,7 @@ class WorkspaceCreateInput(serializers.Serializer):
     )
 
 
-class WorkspaceUpdateInput(serializers.Serializer):
+class WorkspaceUpdateInput(StrictSerializer):
     name = serializers.CharField(max_length=200, required=False)
     description = serializers.CharField(max_length=2000, required=False, allow_blank=True)
     approval_policy = serializers.ChoiceField(choices=ApprovalPolicy.choices, required=False)
@@ -205,12 +214,12 @@ class WorkspaceOutput(serializers.ModelSerializer):
         ]
 
 
-class MemberCreateInput(serializers.Serializer):
+class MemberCreateInput(StrictSerializer):
     email = serializers.EmailField()
     role = serializers.ChoiceField(choices=WorkspaceRole.choices)
 
 
-class MemberUpdateInput(serializers.Serializer):
+class MemberUpdateInput(StrictSerializer):
     role = serializers.ChoiceField(choices=WorkspaceRole.choices)
 
 
@@ -226,14 +235,14 @@ class MemberOutput(serializers.ModelSerializer):
 # --- compute targets ---------------------------------------------------------------------------
 
 
-class LocalTargetConfig(serializers.Serializer):
+class LocalTargetConfig(StrictSerializer):
     start_timeout_seconds = serializers.IntegerField(min_value=10, max_value=1800, required=False)
     object_store_memory_bytes = serializers.IntegerField(
         min_value=78643200, max_value=1 << 40, required=False
     )
 
 
-class RayTargetConfig(serializers.Serializer):
+class RayTargetConfig(StrictSerializer):
     address = serializers.RegexField(
         r"^https?://[^\s/]+(:\d+)?/?$", help_text="The Ray dashboard, e.g. http://ray-head:8265"
     )
@@ -249,7 +258,7 @@ class RayTargetConfig(serializers.Serializer):
         return value
 
 
-class KubeRayTargetConfig(serializers.Serializer):
+class KubeRayTargetConfig(StrictSerializer):
     namespace_pattern = serializers.CharField(
         max_length=100, required=False, default="manta-{workspace}"
     )
@@ -298,17 +307,12 @@ def validate_target_config(kind: str, config) -> dict:
     serializer = TARGET_CONFIGS[kind](data=config)
     if not isinstance(config, dict):
         raise serializers.ValidationError({"config": ["must be an object"]})
-    unknown = sorted(set(config) - set(serializer.fields))
-    if unknown:
-        raise serializers.ValidationError(
-            {f"config.{key}": [f"not a {kind} setting"] for key in unknown}
-        )
     if not serializer.is_valid():
         raise serializers.ValidationError({"config": serializer.errors})
     return dict(serializer.validated_data)
 
 
-class ComputeTargetCreateInput(serializers.Serializer):
+class ComputeTargetCreateInput(StrictSerializer):
     name = serializers.CharField(max_length=64, validators=[slug_validator])
     kind = serializers.ChoiceField(choices=ComputeTargetKind.choices)
     config = serializers.DictField(required=False, default=dict)
@@ -318,7 +322,7 @@ class ComputeTargetCreateInput(serializers.Serializer):
         return attrs
 
 
-class ComputeTargetUpdateInput(serializers.Serializer):
+class ComputeTargetUpdateInput(StrictSerializer):
     config = serializers.DictField()
 
 

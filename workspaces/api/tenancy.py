@@ -16,6 +16,7 @@ from rest_framework import exceptions, viewsets
 from rest_framework.permissions import SAFE_METHODS
 
 from audit.context import Actor
+from config import strict
 from workspaces import selectors
 from workspaces.archive import require_active
 from workspaces.models import Organization, OrgMembership, Workspace
@@ -44,6 +45,7 @@ class TenantViewSetMixin:
         super().initial(request, *args, **kwargs)  # authentication and IsAuthenticated first
         self.resolve_tenant(request, kwargs)
         self.check_action_permission()
+        strict.refuse_unexpected_body(request, self)
 
     def resolve_tenant(self, request, kwargs: dict[str, Any]) -> None:
         membership = selectors.org_membership(request.user, kwargs["org"])

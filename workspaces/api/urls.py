@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import invitations, views
 
 ORG = "orgs/<slug:org>/"
 WS = ORG + "workspaces/<slug:ws>/"
@@ -21,7 +21,16 @@ urlpatterns = [
             {"get": "retrieve", "patch": "partial_update", "delete": "destroy"}
         ),
     ),
-    path(ORG + "users/", views.OrgUserViewSet.as_view({"get": "list", "post": "create"})),
+    path(ORG + "users/", views.OrgUserViewSet.as_view({"get": "list"})),
+    path(
+        ORG + "invitations/",
+        invitations.InvitationViewSet.as_view({"get": "list", "post": "create"}),
+    ),
+    path(
+        ORG + "invitations/<int:pk>/",
+        invitations.InvitationViewSet.as_view({"delete": "destroy"}),
+    ),
+    path("invitations/accept/", invitations.InvitationAcceptView.as_view()),
     path(
         ORG + "workspaces/",
         views.WorkspaceListViewSet.as_view({"get": "list", "post": "create"}),

@@ -8,7 +8,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.context import Actor
+from config import strict
 from config.errors import InvalidCredentials
+from config.throttles import (
+    LoginAccountThrottle,
+    LoginIPThrottle,
+    ThrottledViewMixin,
+    TokenIssueThrottle,
+)
 from notifications import selectors as notification_selectors
 from notifications import services as notification_services
 from workspaces import roles, selectors, services
@@ -26,11 +33,12 @@ from .idempotency import IDEMPOTENCY_KEY, idempotent
 from .tenancy import TenantViewSet, WorkspaceViewSet
 
 
-class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+class TokenViewSet(ThrottledViewMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
     """Personal access tokens. Create with email + password; list and revoke with a token."""
 
     serializer_class = s.TokenOutput
     queryset = ApiToken.objects.none()
+    throttle_map = {"create": [LoginIPThrottle, LoginAccountThrottle, TokenIssueThrottle]}
 
     def get_permissions(self):
         return [AllowAny()] if self.action == "create" else [IsAuthenticated()]
@@ -46,6 +54,10 @@ class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         if getattr(self, "swagger_fake_view", False):
             return ApiToken.objects.none()
         return selectors.tokens_of(self.request.user)
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        strict.refuse_unexpected_body(request, self)
 
     @extend_schema(
         operation_id="auth_token_create",
@@ -185,11 +197,11 @@ class OrgViewSet(TenantViewSet):
 
 
 class OrgUserViewSet(TenantViewSet):
-    """Users of an organisation (org owners and admins)."""
+    """Users of an organisation (org owners and admins). Accounts join by invitation."""
 
     serializer_class = s.OrgUserOutput
     queryset = OrgMembership.objects.none()
-    permission_map = {"list": roles.ORG_MANAGE_USERS, "create": roles.ORG_MANAGE_USERS}
+    permission_map = {"list": roles.ORG_MANAGE_USERS}
 
     def scoped_queryset(self):
         return selectors.org_users(self.organization)
@@ -198,21 +210,6 @@ class OrgUserViewSet(TenantViewSet):
     def list(self, request, org=None):
         page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(s.OrgUserOutput(page, many=True).data)
-
-    @extend_schema(
-        operation_id="org_users_create",
-        parameters=[IDEMPOTENCY_KEY],
-        request=s.OrgUserCreateInput,
-        responses={201: s.OrgUserOutput},
-    )
-    @idempotent
-    def create(self, request, org=None):
-        data = s.OrgUserCreateInput(data=request.data)
-        data.is_valid(raise_exception=True)
-        membership = services.user_create_in_org(
-            actor=self.actor, organization=self.organization, **data.validated_data
-        )
-        return Response(s.OrgUserOutput(membership).data, status=status.HTTP_201_CREATED)
 
 
 class WorkspaceListViewSet(TenantViewSet):

@@ -1,0 +1,177 @@
+"""Request throttles: logins per client address and per account, token issuance per account, job
+submissions per user and per workspace.
+
+DRF's ``SimpleRateThrottle`` over Django's default cache, which every API process shares (Redis in
+production, see ``CACHES`` in config/settings.py); rates come from
+``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` by scope. A refused request answers 429 ``throttled``
+with ``Retry-After`` (config/errors.py keeps DRF's header).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import logging
+import re
+from collections.abc import Mapping
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError
+from redis.exceptions import RedisError
+from rest_framework.settings import api_settings
+from rest_framework.throttling import SimpleRateThrottle
+
+logger = logging.getLogger(__name__)
+
+# "count/period": the period one of DRF's units, optionally a multiple of it ("500/30m").
+# config/settings.py checks the MANTA_THROTTLE_* variables against the same grammar at start.
+RATE = re.compile(r"(\d+)/(\d*)(s|sec|second|m|min|minute|h|hour|d|day)")
+UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_rate(rate: str) -> tuple[int, int]:
+    """``"500/30m"`` → ``(500, 1800)``; DRF's own forms (``"10/min"``, ``"100/day"``) too."""
+    match = RATE.fullmatch(rate.strip().lower())
+    count, periods = (int(match[1]), int(match[2] or 1)) if match else (0, 0)
+    if count < 1 or periods < 1:
+        raise ImproperlyConfigured(
+            f"throttle rate {rate!r}: use count/period, e.g. 10/min, 500/30m"
+        )
+    return count, periods * UNIT_SECONDS[match[3][0]]
+
+
+def digest(value: str) -> str:
+    """A fixed-length cache key part for a value a client chose (an email, a header)."""
+    return hashlib.sha256(value.encode()).hexdigest()[:32]
+
+
+def client_address(ident: str | None) -> str:
+    """What a client is counted as: its IPv4 address, or its IPv6 /64 (one host usually holds a
+    whole /64, and would otherwise get a fresh count for every address in it)."""
+    try:
+        address = ipaddress.ip_address((ident or "").strip())
+    except ValueError:
+        return digest(ident or "")
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
+
+
+class RateThrottle(SimpleRateThrottle):
+    """``SimpleRateThrottle`` with the rate read when the throttle is made (DRF's class attribute
+    is read once, at import), periods such as ``30m``, an empty rate meaning off, a ``wait()``
+    that always answers, and a cache outage letting requests through rather than failing them."""
+
+    def get_rate(self) -> str | None:
+        try:
+            return api_settings.DEFAULT_THROTTLE_RATES[self.scope] or None
+        except KeyError:
+            raise ImproperlyConfigured(f"no throttle rate for scope {self.scope!r}") from None
+
+    def parse_rate(self, rate: str | None) -> tuple[int | None, int | None]:
+        return (None, None) if rate is None else parse_rate(rate)
+
+    def allow_request(self, request, view) -> bool:
+        try:
+            return super().allow_request(request, view)
+        except (RedisError, DatabaseError, OSError):
+            # Login and submission matter more than their limits while the cache is away.
+            logger.warning(
+                "throttle %s: cache unavailable, not counting", self.scope, exc_info=True
+            )
+            return True
+
+    def wait(self) -> float:
+        # Refused: the history holds at least num_requests entries, newest first. The next request
+        # is allowed when the num_requests-th newest has aged out of the window. (DRF's own answer
+        # is None when the history holds more, e.g. after a rate was lowered: no Retry-After.)
+        oldest_counted = self.history[self.num_requests - 1]
+        return max(1.0, self.duration - (self.now - oldest_counted))
+
+
+class LoginIPThrottle(RateThrottle):
+    """Token requests (logins) per client address: ``REMOTE_ADDR``, or, when the operator says
+    how many proxies are in front (``NUM_PROXIES``), the address they recorded in
+    X-Forwarded-For. Every attempt counts, right or wrong."""
+
+    scope = "login_ip"
+
+    def get_cache_key(self, request, view) -> str:
+        ident = client_address(self.get_ident(request))
+        return self.cache_format % {"scope": self.scope, "ident": ident}
+
+
+class LoginAccountThrottle(RateThrottle):
+    """Token requests (logins) per account: the email in the body, trimmed and lower-cased, from
+    any address. A body without an email is left to the address throttle (and the view's 400)."""
+
+    scope = "login_account"
+
+    def get_cache_key(self, request, view) -> str | None:
+        email = request.data.get("email") if isinstance(request.data, Mapping) else None
+        if not isinstance(email, str) or not email.strip():
+            return None
+        return self.cache_format % {"scope": self.scope, "ident": digest(email.strip().lower())}
+
+
+class TokenIssueThrottle(LoginAccountThrottle):
+    """Token requests per user over a longer window than the login throttles: bounds the tokens
+    one account can mint. Issuing a token is the login, so the user is the account named in the
+    body, and a wrong password counts too (the throttle runs before the password is checked)."""
+
+    scope = "tokens"
+
+
+class SubmitUserThrottle(RateThrottle):
+    """Job submissions per user, over all their workspaces."""
+
+    scope = "submit_user"
+
+    def get_cache_key(self, request, view) -> str:
+        return self.cache_format % {"scope": self.scope, "ident": request.user.pk}
+
+
+class SubmitWorkspaceThrottle(RateThrottle):
+    """Job submissions per workspace, whoever submits. Keyed on the workspace the tenant view
+    resolved, so it must run after that (:class:`ThrottledViewMixin`)."""
+
+    scope = "submit_workspace"
+
+    def get_cache_key(self, request, view) -> str:
+        return self.cache_format % {"scope": self.scope, "ident": view.workspace.pk}
+
+
+class ThrottledViewMixin:
+    """Throttles per action (``throttle_map``, like the tenant views' ``permission_map``; an action
+    not in it has none), run after everything else ``initial()`` checks and stopping at the first
+    refusal.
+
+    After: a request the view would refuse anyway (401, a workspace the caller cannot see, a
+    missing permission) counts against nobody's limit, so a stranger cannot use up a workspace's
+    submissions, and a throttle can key on what ``initial()`` resolved. First refusal: a user over
+    their own limit does not use up their workspace's, nor one address over its limit an
+    account's."""
+
+    throttle_map: dict[str, list[type[RateThrottle]]] = {}
+    _throttles_deferred = False
+
+    def get_throttles(self):
+        action = getattr(self, "action", None)
+        return [throttle() for throttle in self.throttle_map.get(action, [])]
+
+    def initial(self, request, *args, **kwargs):
+        self._throttles_deferred = True
+        try:
+            super().initial(request, *args, **kwargs)
+        finally:
+            self._throttles_deferred = False
+        self.check_throttles(request)
+
+    def check_throttles(self, request):
+        if self._throttles_deferred:
+            return
+        for throttle in self.get_throttles():
+            if not throttle.allow_request(request, self):
+                self.throttled(request, throttle.wait())
