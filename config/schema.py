@@ -20,9 +20,10 @@ class ErrorSerializer(serializers.Serializer):
     # Mirrors config.errors.exception_handler: all three keys, always; ``errors`` may be empty.
 
     type = serializers.CharField(
-        help_text="Stable, machine-readable kind: validation_error, not_authenticated, "
-        "authentication_failed, permission_denied, not_found, conflict, invalid_transition, "
-        "idempotency_key_reused, budget_exhausted, throttled, queue_full, …"
+        help_text="Stable, machine-readable kind: validation_error, parse_error, "
+        "not_authenticated, authentication_failed, permission_denied, not_found, conflict, "
+        "invalid_transition, idempotency_key_reused, budget_exhausted, workspace_archived, "
+        "payload_too_large, throttled, queue_full, …"
     )
     detail = serializers.CharField(help_text="One human-readable sentence")
     errors = serializers.DictField(
@@ -56,12 +57,17 @@ ERRORS: dict[str, tuple[str, dict]] = {
     ),
     "404": ("Not found (or not visible to you)", _error("not_found", "Not found.")),
     "409": (
-        "Conflict: invalid state transition, idempotency key reuse or exhausted budget",
+        "Conflict: invalid state transition, idempotency key reuse, exhausted budget, or an "
+        "archived (read-only) workspace",
         _error(
             "invalid_transition",
             "job 42 is succeeded; it cannot become cancelled",
             {"state": ["succeeded → cancelled is not allowed"]},
         ),
+    ),
+    "413": (
+        "The body is larger than the limit (DATA_UPLOAD_MAX_MEMORY_SIZE)",
+        _error("payload_too_large", "the body is larger than the limit of 2621440 bytes"),
     ),
     "429": (
         "Too many requests / queue full",
@@ -110,6 +116,8 @@ def error_statuses(method: str, operation: dict[str, Any]) -> dict[str, tuple[st
         statuses["404"] = PAGE_404
     if method in WRITES:
         statuses["409"] = ERRORS["409"]
+    if "requestBody" in operation:  # a body read into memory has a size limit
+        statuses["413"] = ERRORS["413"]
     statuses["429"] = ERRORS["429"]
     return statuses
 
