@@ -26,7 +26,7 @@ class AuditEventOutput(serializers.ModelSerializer):
         model = AuditEvent
         fields = [
             "id", "seq", "occurred_at", "action", "actor", "target", "workspace", "changes",
-            "metadata", "request_id", "ip", "user_agent", "prev_hash", "hash",
+            "metadata", "request_id", "ip", "user_agent", "prev_hash", "hash", "hash_version",
         ]  # fmt: skip
 
     def get_actor(self, event) -> dict:
@@ -67,7 +67,7 @@ class AuditEventFilter(django_filters.FilterSet):
 
 EXPORT_FIELDS = ["id", "seq", "occurred_at", "action", "actor_type", "actor_label",
                  "target_type", "target_id", "target_repr", "workspace", "changes",
-                 "request_id", "ip", "hash"]  # fmt: skip
+                 "request_id", "ip", "hash", "hash_version"]  # fmt: skip
 
 
 class AuditEventViewSet(TenantViewSet):
