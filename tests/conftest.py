@@ -95,3 +95,16 @@ def template(world):
         allowed_overrides=["entrypoint", "worker_groups", "priority", "max_runtime_seconds"],
     )
     return version.template
+
+
+@pytest.fixture
+def package_storage(tmp_path, settings):
+    """Code packages stored under this test's own directory; the directory."""
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "packages": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path / "packages")},
+        },
+    }
+    return tmp_path / "packages"

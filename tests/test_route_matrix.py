@@ -104,14 +104,8 @@ PRINCIPALS = [None, "foreign", *IN_ORG]
 
 
 @pytest.fixture(autouse=True)
-def package_store(tmp_path, settings):
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "packages": {
-            "BACKEND": "django.core.files.storage.FileSystemStorage",
-            "OPTIONS": {"location": str(tmp_path / "packages")},
-        },
-    }
+def package_store(package_storage):
+    return package_storage
 
 
 @pytest.mark.parametrize("who", PRINCIPALS, ids=lambda w: w or "anonymous")

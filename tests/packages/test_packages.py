@@ -45,15 +45,8 @@ CODE = zip_of(
 
 
 @pytest.fixture(autouse=True)
-def package_store(tmp_path, settings):
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "packages": {
-            "BACKEND": "django.core.files.storage.FileSystemStorage",
-            "OPTIONS": {"location": str(tmp_path / "packages")},
-        },
-    }
-    return tmp_path / "packages"
+def package_store(package_storage):
+    return package_storage
 
 
 def blobs(root: Path) -> list[Path]:

@@ -33,17 +33,10 @@ def repo(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def policy(settings, tmp_path):
+def policy(settings, package_storage):
     """Loopback allowed, as a test serving its own repository needs; git:// allowed."""
     settings.MANTA_CODE_SOURCE_ALLOWED_NETWORKS = ["127.0.0.0/8"]
     settings.MANTA_CODE_SOURCE_ALLOW_PLAIN = True
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "packages": {
-            "BACKEND": "django.core.files.storage.FileSystemStorage",
-            "OPTIONS": {"location": str(tmp_path / "packages")},
-        },
-    }
 
 
 def create(world, body, who="ws_admin"):
