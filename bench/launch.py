@@ -33,9 +33,9 @@ ENTRYPOINT = "python -c \"import ray, time; ray.init(); print('up'); time.sleep(
 
 
 def ports(count: int) -> list[int]:
-    from jobs.launchers.local import _pick_free_ports
+    from jobs.launchers.local.ports import pick_free_ports
 
-    return _pick_free_ports(count)
+    return pick_free_ports(count)
 
 
 def by_hand() -> dict[str, float]:

@@ -16,7 +16,13 @@ from django.conf import settings
 
 from workspaces.models import ComputeTarget, ComputeTargetKind, Workspace
 
-from .launchers.sandbox import GIB, SandboxSettings, detect_gpus, egress_available, host_support
+from .launchers.local.isolation import (
+    GIB,
+    SandboxSettings,
+    detect_gpus,
+    egress_available,
+    host_support,
+)
 
 HOST = "local"  # what a reservation on this host records in Reservation.host
 

@@ -1,15 +1,19 @@
 """The launcher contract: how one job attempt becomes a running Ray job, and goes away again.
 
-Three implementations exist (``local``, ``ray``, ``kuberay``). Every method is safe to call twice
-and from a different process than the one that launched: all a launcher needs to find its cluster
-again is the ``handle`` dict it returned from :meth:`Launcher.launch`, which the caller stores on
-the attempt row (so a Celery worker killed mid-job can be replaced and the new one carries on).
+Three implementations exist (``local``, ``ray``, ``kuberay``), all with the same two phases:
+:meth:`Launcher.start_cluster` brings up what the attempt runs on and returns a ``handle``;
+the caller stores the handle on the attempt row, then calls :meth:`Launcher.submit`. A caller
+killed between the two loses nothing: a retry submits again with the stored handle (submit is
+idempotent), and a cluster whose handle never got stored is found by
+:meth:`Launcher.find_clusters`. Every method is safe to call twice and from a different process
+than the one that started the cluster: all a launcher needs to find its cluster again is the
+handle (so a Celery worker killed mid-job can be replaced and the new one carries on).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 # Ray job statuses (ray.job_submission.JobStatus values) as plain strings.
@@ -73,17 +77,30 @@ class NodeFailures(LaunchError):
 
 
 class Launcher(Protocol):
+    """What every launcher does; ``launcher_for(kind, config)`` picks the implementation."""
+
     kind: str
 
     def plan(self, request: LaunchRequest) -> dict[str, Any]:
-        """What launch() would start, as JSON-able data, without starting anything."""
+        """What start_cluster() and submit() would create, as JSON-able data, without creating
+        anything. Raises LaunchError for a request this launcher cannot run."""
 
-    def launch(self, request: LaunchRequest) -> dict[str, Any]:
-        """Start the cluster (if this kind has one) and submit the entrypoint; return the handle.
+    def start_cluster(
+        self, request: LaunchRequest, *, abandon: Callable[[], str] | None = None
+    ) -> dict[str, Any]:
+        """Bring up what the attempt runs on and return its handle (plain JSON, for the caller
+        to store before it calls submit()).
 
-        Idempotent: called again for the same submission_id it adopts what already exists and
-        never runs the entrypoint twice.
+        ``abandon`` may be asked while a slow start runs whether the caller still wants the
+        cluster: a non-empty answer (why) tears down what started and raises LaunchAbandoned.
+        Idempotent: called again for the same submission_id it adopts what already runs
+        instead of starting a second one. Raises LaunchError when the cluster cannot come up.
         """
+
+    def submit(self, handle: dict[str, Any], request: LaunchRequest) -> dict[str, Any]:
+        """Run the request's entrypoint on the cluster in ``handle``, as the Ray job
+        ``request.submission_id``; returns the handle. Idempotent: a job that already exists
+        under this submission_id is adopted, and the entrypoint never runs twice."""
 
     def status(self, handle: dict[str, Any]) -> RayJobState:
         """The Ray job's current status. Raises LaunchError when the cluster is unreachable."""
@@ -102,5 +119,26 @@ class Launcher(Protocol):
         cluster heals itself (kuberay) or is not ours (ray) return []."""
 
     def stop(self, handle: dict[str, Any]) -> None:
-        """Stop the Ray job and tear down whatever launch() started. Idempotent, never raises for
-        something that is already gone."""
+        """Stop the Ray job and tear down whatever start_cluster() started. Idempotent, never
+        raises for something that is already gone."""
+
+    def find_clusters(
+        self, target_config: dict[str, Any], *, submission_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Handles of the clusters this launcher started for ``target_config`` that it can find
+        without a stored handle, running or not (only those of ``submission_id`` when given):
+        what a start whose caller died before storing the handle left behind. Which of them no
+        attempt owns any more is the caller's to decide. Launchers that leave nothing behind
+        that way return []."""
+
+
+def launch(launcher: Launcher, request: LaunchRequest) -> dict[str, Any]:
+    """start_cluster() then submit() in one call, for tests and benchmarks (the service calls
+    the two itself, storing the handle in between). What started is stopped again when
+    submitting fails."""
+    handle = launcher.start_cluster(request)
+    try:
+        return launcher.submit(handle, request)
+    except BaseException:
+        launcher.stop(handle)
+        raise

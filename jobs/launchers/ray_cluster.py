@@ -67,13 +67,11 @@ class RayClusterLauncher:
         }
 
     def submit(self, handle: dict[str, Any], request: LaunchRequest) -> dict[str, Any]:
+        """Submit the entrypoint; a job already there under this submission_id is adopted."""
         ray_jobs.submit_idempotent(
             self._client(), **self._submission(request), packages=request.packages
         )
         return handle
-
-    def launch(self, request: LaunchRequest) -> dict[str, Any]:
-        return self.submit(self.start_cluster(request), request)
 
     def _client(self):
         try:
@@ -103,3 +101,10 @@ class RayClusterLauncher:
         # An unreachable cluster has nothing of ours left to stop.
         with contextlib.suppress(LaunchError):
             ray_jobs.stop_job(self._client(), handle["submission_id"])
+
+    def find_clusters(
+        self, target_config: dict[str, Any], *, submission_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """None: start_cluster() starts nothing, and a Ray job exists only once submit() ran
+        with a handle the caller had already stored."""
+        return []

@@ -34,6 +34,7 @@ from jobs.launchers.base import (
     LaunchError,
     LaunchRequest,
     RayJobState,
+    launch,
 )
 from jobs.launchers.kuberay import (
     KubeRayLauncher,
@@ -359,10 +360,12 @@ def test_plan_renders_without_touching_the_cluster(
     assert stub.requests == []
 
 
-def test_launch_creates_namespace_and_rayjob(stub: KubeStub, launcher: KubeRayLauncher) -> None:
+def test_start_cluster_creates_namespace_and_rayjob_and_submit_only_checks_it(
+    stub: KubeStub, launcher: KubeRayLauncher
+) -> None:
     request = make_request()
 
-    handle = launcher.launch(request)
+    handle = launcher.start_cluster(request)
 
     assert handle == {"namespace": NAMESPACE, "name": NAME, "submission_id": "att-42-1"}
     (ns_post,) = stub.requests_to("POST", "/api/v1/namespaces")
@@ -373,19 +376,37 @@ def test_launch_creates_namespace_and_rayjob(stub: KubeStub, launcher: KubeRayLa
     assert create.headers["authorization"] == "Bearer t0ken"  # the kubeconfig's credentials
     assert set(stub.rayjobs) == {(NAMESPACE, NAME)}
     assert [r.method for r in stub.requests] == ["POST", "POST"]
+    # The RayJob is the submission too: submit() sends nothing, it reads the RayJob back.
+    assert launcher.submit(handle, request) == handle
+    assert launcher.submit(handle, request) == handle
+    assert [r.method for r in stub.requests] == ["POST", "POST", "GET", "GET"]
+    assert len(stub.rayjobs) == 1
+
+
+def test_submit_refuses_a_rayjob_that_is_gone_or_another_submissions(
+    stub: KubeStub, launcher: KubeRayLauncher
+) -> None:
+    handle = launcher.start_cluster(make_request())
+    with pytest.raises(LaunchError, match="already exists for submission 'att-42-1'"):
+        launcher.submit(handle, make_request(submission_id="att-other"))
+    with stub.lock:
+        del stub.rayjobs[(NAMESPACE, NAME)]
+    with pytest.raises(LaunchError, match="no longer exists"):
+        launcher.submit(handle, make_request())
 
 
 def test_launch_twice_adopts_the_existing_rayjob(stub: KubeStub, launcher: KubeRayLauncher) -> None:
     request = make_request()
-    first = launcher.launch(request)
+    first = launch(launcher, request)
     uid = stub.rayjobs[(NAMESPACE, NAME)]["metadata"]["uid"]
+    reads = len(stub.requests_to("GET", f"{RAYJOBS_PATH}/{NAME}"))
 
     # A different launcher instance, as when another Celery worker takes over the attempt.
-    second = KubeRayLauncher({"kubeconfig": stub.kubeconfig()}).launch(request)
+    second = KubeRayLauncher({"kubeconfig": stub.kubeconfig()}).start_cluster(request)
 
     assert second == first
     assert len(stub.requests_to("POST", RAYJOBS_PATH)) == 2  # the second got 409...
-    assert stub.requests_to("GET", f"{RAYJOBS_PATH}/{NAME}")  # ...and read what exists
+    assert len(stub.requests_to("GET", f"{RAYJOBS_PATH}/{NAME}")) == reads + 1  # ...and read it
     assert stub.rayjobs[(NAMESPACE, NAME)]["metadata"]["uid"] == uid  # nothing replaced
     assert len(stub.rayjobs) == 1
 
@@ -393,9 +414,9 @@ def test_launch_twice_adopts_the_existing_rayjob(stub: KubeStub, launcher: KubeR
 def test_launch_refuses_to_adopt_another_submissions_rayjob(
     stub: KubeStub, launcher: KubeRayLauncher
 ) -> None:
-    launcher.launch(make_request(submission_id="att-other"))
+    launch(launcher, make_request(submission_id="att-other"))
     with pytest.raises(LaunchError, match="already exists for submission 'att-other'"):
-        launcher.launch(make_request())
+        launch(launcher, make_request())
 
 
 def test_launch_into_a_preprovisioned_namespace_without_namespace_rights(
@@ -404,14 +425,14 @@ def test_launch_into_a_preprovisioned_namespace_without_namespace_rights(
     stub.namespaces[NAMESPACE] = {"metadata": {"name": NAMESPACE}}
     stub.inject_error("POST", r"^/api/v1/namespaces$", 403)
 
-    assert launcher.launch(make_request())["name"] == NAME
+    assert launch(launcher, make_request())["name"] == NAME
     assert (NAMESPACE, NAME) in stub.rayjobs
 
 
 def test_launch_reports_api_errors(stub: KubeStub, launcher: KubeRayLauncher) -> None:
     stub.inject_error("POST", r"/rayjobs$", 422)
     with pytest.raises(LaunchError, match=r"create RayJob manta-ml/manta-acme-ml-42-1 .*422"):
-        launcher.launch(make_request())
+        launch(launcher, make_request())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -491,7 +512,7 @@ def test_status_maps_rayjob_status(
     status: dict[str, Any] | None,
     expected: RayJobState,
 ) -> None:
-    handle = launcher.launch(make_request())
+    handle = launch(launcher, make_request())
     stub.set_rayjob_status(NAMESPACE, NAME, status)
 
     assert launcher.status(handle) == expected
@@ -516,7 +537,7 @@ def test_status_of_a_vanished_rayjob_is_failed(launcher: KubeRayLauncher) -> Non
 def test_status_raises_launch_error_on_server_errors(
     stub: KubeStub, launcher: KubeRayLauncher
 ) -> None:
-    handle = launcher.launch(make_request())
+    handle = launch(launcher, make_request())
     stub.inject_error("GET", r"/rayjobs/", 503)
     with pytest.raises(LaunchError, match="503"):
         launcher.status(handle)
@@ -541,7 +562,7 @@ def test_status_raises_launch_error_when_unreachable() -> None:
 def test_stop_deletes_in_foreground_and_is_idempotent(
     stub: KubeStub, launcher: KubeRayLauncher
 ) -> None:
-    handle = launcher.launch(make_request())
+    handle = launch(launcher, make_request())
 
     launcher.stop(handle)
 
@@ -556,7 +577,7 @@ def test_stop_deletes_in_foreground_and_is_idempotent(
 
 
 def test_stop_raises_on_other_errors(stub: KubeStub, launcher: KubeRayLauncher) -> None:
-    handle = launcher.launch(make_request())
+    handle = launch(launcher, make_request())
     stub.inject_error("DELETE", r"/rayjobs/", 500)
     with pytest.raises(LaunchError, match="delete RayJob"):
         launcher.stop(handle)
@@ -581,7 +602,7 @@ def add_submitter_pod(stub: KubeStub, name: str, minute: int, text: str) -> None
 def test_logs_returns_the_newest_submitter_pods_log(
     stub: KubeStub, launcher: KubeRayLauncher
 ) -> None:
-    handle = launcher.launch(make_request())
+    handle = launch(launcher, make_request())
     assert launcher.logs(handle) == ""  # no submitter pod yet
 
     add_submitter_pod(stub, f"{NAME}-aaaaa", 0, "first try\nsubmit failed\n")
@@ -605,7 +626,7 @@ def test_logs_returns_the_newest_submitter_pods_log(
 
 def test_logs_are_returned_verbatim(stub: KubeStub, launcher: KubeRayLauncher) -> None:
     """A log that happens to be JSON stays text (the client would otherwise json-decode it)."""
-    handle = launcher.launch(make_request())
+    handle = launch(launcher, make_request())
     add_submitter_pod(stub, f"{NAME}-aaaaa", 0, '{"loss": 0.25, "ok": true}\n')
     assert launcher.logs(handle) == '{"loss": 0.25, "ok": true}\n'
 
@@ -635,7 +656,7 @@ def test_a_kubeconfig_that_would_run_code_or_read_files_is_refused_before_loadin
         ({"in_cluster": True}, "MANTA_KUBERAY_IN_CLUSTER"),
     ):
         with pytest.raises(LaunchError, match=re.escape(message)):
-            KubeRayLauncher(config).launch(make_request())
+            launch(KubeRayLauncher(config), make_request())
     assert not marker.exists()
     assert stub.requests == []
 
@@ -646,7 +667,7 @@ def test_kubeconfig_mapping_and_context(stub: KubeStub) -> None:
     config["current-context"] = "other"
     launcher = KubeRayLauncher({"kubeconfig": config, "context": "stub"})
 
-    launcher.launch(make_request())
+    launch(launcher, make_request())
 
     assert stub.requests[-1].headers["authorization"] == "Bearer mapped"
 

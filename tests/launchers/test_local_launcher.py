@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 import requests
 
-from jobs.launchers import local as local_launcher
 from jobs.launchers import ray_jobs
 from jobs.launchers.base import (
     RAY_FAILED,
@@ -35,8 +34,9 @@ from jobs.launchers.base import (
     LaunchError,
     LaunchRequest,
     NodeFailures,
+    launch,
 )
-from jobs.launchers.local import LocalRayLauncher, discover_handles
+from jobs.launchers.local import LocalRayLauncher, discover_handles, ports
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT = 90
@@ -197,7 +197,7 @@ def cluster_a(
     )
     job_spec["runtime_env"]["working_dir"] = str(code)
     req = request("a-1", job_spec, work_dir)
-    handle = launcher.launch(req)
+    handle = launch(launcher, req)
     yield handle, req
     launcher.stop(handle)
 
@@ -398,7 +398,7 @@ def test_launching_again_adopts_the_running_cluster_and_job(
     handle, req = cluster_a
     clusters = discover_handles(work_dir)
     # A retried task whose first try died before it could store the handle.
-    again = LocalRayLauncher().launch(req)
+    again = launch(LocalRayLauncher(), req)
     assert again == handle
     assert discover_handles(work_dir) == clusters
     client = ray_jobs.make_client(handle["dashboard_url"], handle["token"])
@@ -414,7 +414,7 @@ def test_node_dying_during_start_up_fails_the_launch_and_cleans_up(
     # Ray itself rejects this reserved name when the worker node starts.
     bad = [{"name": "w", "replicas": 1, "cpu": 1, "resources": {"node:__internal_head__": 1}}]
     with pytest.raises(LaunchError) as failure:
-        launcher.launch(request("bad-1", spec("true", bad), work_dir))
+        launch(launcher, request("bad-1", spec("true", bad), work_dir))
     assert "worker node" in str(failure.value)
     assert "reserved resource name" in str(failure.value)
     assert {h["temp_dir"] for h in discover_handles(work_dir)} == before
@@ -436,7 +436,7 @@ def test_a_port_taken_before_ray_binds_it_is_retried_with_fresh_ports(
     squatter.bind(("", 0))
     squatter.listen()
     taken = squatter.getsockname()[1]
-    pick = local_launcher._pick_free_ports
+    pick = ports.pick_free_ports
     calls: list[list[int]] = []
 
     def pick_then_squat(count: int) -> list[int]:
@@ -446,12 +446,12 @@ def test_a_port_taken_before_ray_binds_it_is_retried_with_fresh_ports(
         calls.append(ports)
         return ports
 
-    monkeypatch.setattr(local_launcher, "_pick_free_ports", pick_then_squat)
+    monkeypatch.setattr(ports, "pick_free_ports", pick_then_squat)
     before = {h["temp_dir"] for h in discover_handles(work_dir)}
     req = request("retry-1", spec("echo retried", []), work_dir, isolation="off")
     try:
         with caplog.at_level(logging.WARNING, logger="jobs.launchers.local"):
-            handle = launcher.launch(req)
+            handle = launch(launcher, req)
     finally:
         squatter.close()
     stop_later.append(handle)
@@ -474,7 +474,7 @@ def test_two_clusters_side_by_side_and_stop_from_another_process(
 ) -> None:
     handle_a, req_a = cluster_a
     req_b = request("b-1", spec("sleep 120"), work_dir)
-    handle_b = launcher.launch(req_b)
+    handle_b = launch(launcher, req_b)
     stop_later.append(handle_b)
     assert handle_b["dashboard_url"] != handle_a["dashboard_url"]
     assert handle_b["token"] != handle_a["token"]
@@ -556,7 +556,7 @@ def test_a_dead_worker_node_is_started_again_and_the_job_goes_on(
     isolation = "sandbox"  # single-user mode restarts nodes the same way, less the sandbox
     entrypoint = f'python -c "{TASKS_SCRIPT}"'
     req = request(f"heal-{isolation}", spec(entrypoint), work_dir, isolation=isolation)
-    handle = launcher.launch(req)
+    handle = launch(launcher, req)
     stop_later.append(handle)
     deadline = time.monotonic() + JOB_TIMEOUT
     while "task 2" not in launcher.logs(handle):

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from config import ssrf
-from jobs.launchers.base import LaunchError, LaunchRequest
+from jobs.launchers.base import LaunchError, LaunchRequest, launch
 from jobs.launchers.local import LocalRayLauncher
 from jobs.launchers.ray_cluster import RayClusterLauncher
 
@@ -70,8 +70,8 @@ def test_submit_follow_logs_stop(shared_cluster):
     # the driver asks Ray for the head's spec
     assert plan["submission"]["entrypoint_num_cpus"] == 1
     assert plan["submission"]["entrypoint_memory"] == 1024**3
-    handle = launcher.launch(req)
-    assert launcher.launch(req) == handle  # a repeated launch adopts the same Ray job
+    handle = launch(launcher, req)
+    assert launch(launcher, req) == handle  # a repeated launch adopts the same Ray job
     wait(launcher, handle, {"RUNNING"})
     deadline = time.monotonic() + 30
     while "hello from ray" not in launcher.logs(handle) and time.monotonic() < deadline:
@@ -80,14 +80,14 @@ def test_submit_follow_logs_stop(shared_cluster):
     launcher.stop(handle)
     assert wait(launcher, handle, {"STOPPED"}).status == "STOPPED"
     # the cluster itself is untouched: another job still runs on it
-    other = launcher.launch(request(entrypoint="python -c \"print('second')\""))
+    other = launch(launcher, request(entrypoint="python -c \"print('second')\""))
     assert wait(launcher, other, {"SUCCEEDED", "FAILED"}).status == "SUCCEEDED"
 
 
 def test_wrong_token_is_refused(shared_cluster):
     launcher = RayClusterLauncher({**target(shared_cluster), "token": "nope"})
     with pytest.raises(LaunchError):
-        launcher.launch(request())
+        launch(launcher, request())
 
 
 def test_an_address_outside_the_allowed_networks_is_refused_at_every_connection(
@@ -97,7 +97,7 @@ def test_an_address_outside_the_allowed_networks_is_refused_at_every_connection(
     a request there. A name checked at save that resolves to loopback later is refused too."""
     launcher = RayClusterLauncher({**target(shared_cluster), "allowed_networks": []})
     with pytest.raises(LaunchError, match="loopback"):
-        launcher.launch(request())
+        launch(launcher, request())
     port = shared_cluster["dashboard_url"].rsplit(":", 1)[1]
     answers = {"ray.example.test": "93.184.216.34"}
 

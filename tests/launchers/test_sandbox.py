@@ -14,22 +14,18 @@ from typing import Any
 
 import pytest
 
-from jobs.launchers.base import RAY_SUCCEEDED, LaunchError, LaunchRequest
-from jobs.launchers.cgroups import Cgroups
+from jobs.launchers.base import LaunchError, LaunchRequest, launch
 from jobs.launchers.local import LocalRayLauncher
-from jobs.launchers.sandbox import SandboxSettings
-from tests.launchers.test_local_launcher import spec, wait_terminal
+from jobs.launchers.local.cgroups import Cgroups
+from jobs.launchers.local.isolation import SandboxSettings
+from jobs.launchers.local.leases import Leases, take_gpus
+from tests.launchers.test_local_launcher import spec
 
 SPIN = (
     'python -c "import ray, time; ray.init(); '
     "f = ray.remote(num_cpus=1)(lambda: __import__('os').system("
     "'for i in 1 2 3 4; do timeout 20 sh -c \\\"while :; do :; done\\\" & done; wait')); "
     "print('spinning', flush=True); ray.get(f.remote())\""
-)
-SHOW_GPUS = (
-    'python -c "import os, ray, time; ray.init(); '
-    "f = ray.remote(num_gpus=2)(lambda: os.environ.get('CUDA_VISIBLE_DEVICES')); "
-    "print('devices', ray.get(f.remote()), flush=True); time.sleep(4)\""
 )
 
 
@@ -59,15 +55,54 @@ def request(work_dir: str, name: str, job_spec: dict[str, Any], **sandbox: Any) 
 
 
 def listening_ports() -> set[int]:
-    """TCP ports listening in the host's network namespace (IPv4 and IPv6)."""
+    """TCP ports listening in the host's network namespace (IPv4 and IPv6) on sockets this
+    process or its descendants hold: what the clusters it launched opened on the host, and
+    nothing else the machine runs meanwhile."""
+    ours = _socket_inodes(_descendants(os.getpid()))
     ports = set()
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         with open(table) as f:
             for line in f.readlines()[1:]:
                 fields = line.split()
-                if fields[3] == "0A":  # LISTEN
+                if fields[3] == "0A" and fields[9] in ours:  # LISTEN, on our socket
                     ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _socket_inodes(pids: set[int]) -> set[str]:
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
 
 
 @pytest.mark.ray
@@ -76,7 +111,7 @@ def test_a_one_cpu_worker_gets_one_cpu_and_no_ray_port_reaches_the_host(
 ) -> None:
     before = listening_ports()
     launcher = LocalRayLauncher()
-    handle = launcher.launch(request(work_dir, "spin", spec(SPIN)))
+    handle = launch(launcher, request(work_dir, "spin", spec(SPIN)))
     launched.append(handle)
     # Only the one forwarded port of the dashboard is new on the host.
     new = listening_ports() - before
@@ -98,36 +133,30 @@ def test_a_one_cpu_worker_gets_one_cpu_and_no_ray_port_reaches_the_host(
 
 
 @pytest.mark.ray
-def test_gpus_from_the_inventory_are_disjoint_between_clusters(
-    work_dir: str, launched: list[dict[str, Any]]
-) -> None:
-    launcher = LocalRayLauncher()
-    gpus = {"gpus": ["0", "1", "2", "3"]}
-    group = [{"name": "g", "replicas": 1, "cpu": 1, "memory_gb": 1, "gpu": 2}]
-    seen = []
-    for name in ("gpu-a", "gpu-b"):
-        handle = launcher.launch(request(work_dir, name, spec(SHOW_GPUS, group), **gpus))
-        launched.append(handle)
-    # The inventory is spent: a third cluster cannot have any.
-    with pytest.raises(LaunchError, match="GPUs are busy"):
-        launcher.launch(request(work_dir, "gpu-c", spec(SHOW_GPUS, group), **gpus))
-    for handle in launched:
-        assert wait_terminal(launcher, handle).status == RAY_SUCCEEDED
-        [line] = [x for x in launcher.logs(handle).splitlines() if x.startswith("devices")]
-        seen.append(set(line.split()[1].split(",")))
-        assert handle["isolation"]["gpus"]["w0"] == sorted(seen[-1])
-    assert seen[0] | seen[1] == {"0", "1", "2", "3"} and not seen[0] & seen[1]
-    launcher.stop(launched.pop())
-    # What a stopped cluster held is free again.
-    handle = launcher.launch(request(work_dir, "gpu-d", spec(SHOW_GPUS, group), **gpus))
-    launched.append(handle)
-    assert sorted(handle["isolation"]["gpus"]["w0"]) == sorted(seen[1])
+def test_gpus_from_the_inventory_are_leased_disjointly_and_freed(tmp_path) -> None:
+    """The grant behind disjoint devices (tests/e2e/test_gpus.py runs it on real clusters):
+    all or nothing, under one lock, and free again once released."""
+    leases = Leases(str(tmp_path))
+    inventory = ("0", "1", "2", "3")
+    a = take_gpus(leases, inventory, 2, "cluster-a")
+    b = take_gpus(leases, inventory, 2, "cluster-b")
+    assert len(a) == len(b) == 2 and not set(a) & set(b)
+    with pytest.raises(LaunchError, match="GPUs are busy: 1 needed, 0 of 4 free"):
+        take_gpus(leases, inventory, 1, "cluster-c")
+    for gpu in a:
+        leases.release("gpu", gpu, "cluster-b")  # not its lease: kept
+    with pytest.raises(LaunchError, match="busy"):
+        take_gpus(leases, inventory, 1, "cluster-c")
+    for gpu in a:
+        leases.release("gpu", gpu, "cluster-a")
+    assert sorted(take_gpus(leases, inventory, 2, "cluster-c")) == sorted(a)
+    assert take_gpus(leases, (), 2, "cluster-d") == []  # no inventory: logical GPUs only
 
 
 def test_a_host_that_cannot_isolate_refuses_to_launch(work_dir: str) -> None:
     req = request(work_dir, "nope", spec("true"), cgroup_root="/nonexistent-cgroups")
     with pytest.raises(LaunchError, match="MANTA_LOCAL_ISOLATION=off"):
-        LocalRayLauncher().launch(req)
+        launch(LocalRayLauncher(), req)
     assert not [n for n in os.listdir(work_dir) if n.startswith("mr-")]
 
 

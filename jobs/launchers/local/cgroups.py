@@ -12,7 +12,7 @@ import signal
 import time
 from typing import Any
 
-from .base import LaunchError
+from ..base import LaunchError
 
 CFS_PERIOD_US = 100_000
 

@@ -25,222 +25,41 @@ handle, so any worker process on the host can check or destroy a sandbox it did 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import fcntl
 import json
 import logging
 import os
-import pwd
-import random
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from .base import LaunchError
-from .cgroups import Cgroups, detect_layout
+from ..base import LaunchError
+from .cgroups import Cgroups
+from .isolation import (
+    GIB,
+    MODE_SANDBOX,
+    NAMESPACES,
+    NETWORK_LOOPBACK,
+    NETWORK_NAT,
+    SandboxSettings,
+    egress_available,
+    sandbox_limits,
+)
+from .leases import Leases, take_gpus, take_uid
 
 logger = logging.getLogger(__name__)
 
 INIT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_init.py")
-NAMESPACES = ("pid", "mount", "ipc", "uts", "net")
-MIB = 1024**2
-GIB = 1024**3
 INIT_TIMEOUT = 20.0
 KILL_WAIT = 15.0
 DRAIN_WAIT = 5.0
 
 # Where hosts keep other users' files, sockets (PostgreSQL's, Docker's) and mounted secrets.
 ALWAYS_HIDDEN = ("/root", "/home", "/run", "/srv", "/mnt", "/media")
-
-NETWORK_NAT = "loopback + outbound NAT (slirp4netns, no host loopback)"
-NETWORK_LOOPBACK = "loopback only (no egress)"
-
-MODE_SANDBOX = "sandbox"
-MODE_OFF = "off"
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxSettings:
-    """What the operator decided (never the tenant): read from ``target_config["sandbox"]``."""
-
-    mode: str = MODE_SANDBOX
-    uid_range: tuple[int, int] = (3_000_000, 3_099_999)
-    egress: bool = True
-    hide: tuple[str, ...] = ()  # host paths a sandbox must not see (the service's files)
-    gpus: tuple[str, ...] = ()  # the host's GPU inventory: device indices
-    pids_per_node: int = 1024  # threads count too: an idle Ray head runs about 400
-    node_memory_overhead_bytes: int = GIB  # Ray's own processes, per node, above its spec
-    default_node_memory_bytes: int = 2 * GIB  # for a node whose spec names no memory
-    cgroup_root: str = "/sys/fs/cgroup"
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any] | None) -> SandboxSettings:
-        raw = dict(config or {})
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in raw.items() if k in fields}
-        for name in ("uid_range", "hide", "gpus"):
-            if name in values:
-                values[name] = tuple(values[name])
-        return cls(**values)
-
-    def to_config(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-# -- What this host can do ----------------------------------------------------------------------
-
-
-def host_support(settings: SandboxSettings) -> list[str]:
-    """Why this host cannot build sandboxes (empty when it can)."""
-    problems = []
-    if os.geteuid() != 0:
-        problems.append("the worker does not run as root (needed for namespaces and cgroups)")
-    for tool in ("unshare", "nsenter", "setpriv"):
-        if shutil.which(tool) is None:
-            problems.append(f"{tool} (util-linux) is not installed")
-    if not problems:
-        probe = subprocess.run(
-            ["unshare", "--pid", "--fork", "--mount", "--ipc", "--uts", "--net", "true"],
-            capture_output=True,
-            timeout=10,
-        )
-        if probe.returncode != 0:
-            problems.append(f"cannot create namespaces: {probe.stderr.decode().strip()}")
-    try:
-        detect_layout(settings.cgroup_root)
-    except LaunchError as exc:
-        problems.append(str(exc))
-    return problems
-
-
-def egress_available(settings: SandboxSettings) -> bool:
-    return (
-        settings.egress
-        and shutil.which("slirp4netns") is not None
-        and os.path.exists("/dev/net/tun")
-    )
-
-
-def detect_gpus() -> tuple[str, ...]:
-    """Indices of this host's NVIDIA GPUs (none without ``nvidia-smi``)."""
-    if shutil.which("nvidia-smi") is None:
-        return ()
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    return tuple(line.strip() for line in out.splitlines() if line.strip())
-
-
-# -- uids and GPUs: leases on files under the work dir --------------------------------------------
-
-
-class _Leases:
-    """Exclusive, cross-process leases (``uid-3000123``, ``gpu-2``) as files under
-    ``<work_dir>/.sandbox``, taken under one flock so a multi-GPU grant is all or nothing."""
-
-    def __init__(self, work_dir: str):
-        self.dir = os.path.join(work_dir, ".sandbox")
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        fd = os.open(os.path.join(self.dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-
-    def held(self, kind: str) -> set[str]:
-        return {n.split("-", 1)[1] for n in os.listdir(self.dir) if n.startswith(f"{kind}-")}
-
-    def take(self, kind: str, key: str, owner: str) -> bool:
-        try:
-            fd = os.open(
-                os.path.join(self.dir, f"{kind}-{key}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
-            )
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w") as f:
-            f.write(owner)
-        return True
-
-    def release(self, kind: str, key: str, owner: str) -> None:
-        path = os.path.join(self.dir, f"{kind}-{key}")
-        with contextlib.suppress(OSError):
-            with open(path) as f:
-                if f.read() != owner:
-                    return
-            os.unlink(path)
-
-
-def _take_uid(leases: _Leases, settings: SandboxSettings, owner: str) -> int:
-    low, high = settings.uid_range
-    for _ in range(1000):
-        uid = random.randint(low, high)
-        if uid == os.getuid() or _uid_exists(uid):
-            continue
-        if leases.take("uid", str(uid), owner):
-            return uid
-    raise LaunchError(f"no free sandbox uid in {low}-{high}")
-
-
-def _uid_exists(uid: int) -> bool:
-    try:
-        pwd.getpwuid(uid)
-        return True
-    except KeyError:
-        return False
-
-
-def _take_gpus(leases: _Leases, inventory: tuple[str, ...], count: int, owner: str) -> list[str]:
-    if count == 0 or not inventory:
-        return []
-    with leases.locked():
-        free = [g for g in inventory if g not in leases.held("gpu")]
-        if len(free) < count:
-            raise LaunchError(
-                f"the host's GPUs are busy: {count} needed, {len(free)} of {len(inventory)} free"
-            )
-        chosen = free[:count]
-        for gpu in chosen:
-            leases.take("gpu", gpu, owner)
-    return chosen
-
-
-# -- the sandbox --------------------------------------------------------------------------------
-
-
-def sandbox_limits(
-    settings: SandboxSettings, nodes: list[dict[str, Any]], object_store_bytes: dict[str, int]
-) -> dict[str, Any]:
-    """The cgroup limits a cluster of ``nodes`` gets: CPU per node (its spec, at least one CPU
-    for Ray's own processes), memory for the whole cluster (each node's spec, its object store
-    and Ray's overhead), and a process (thread) cap."""
-    return {
-        "cpu": {n["name"]: max(float(n["num_cpus"]), 1.0) for n in nodes},
-        "memory_bytes": sum(
-            (n["memory_bytes"] or settings.default_node_memory_bytes)
-            + object_store_bytes[n["name"]]
-            + settings.node_memory_overhead_bytes
-            for n in nodes
-        ),
-        "pids": settings.pids_per_node * len(nodes),
-        "shm_bytes": sum(object_store_bytes.values()) + 64 * MIB,
-    }
 
 
 class Sandbox:
@@ -270,7 +89,7 @@ class Sandbox:
         ``num_gpus``, ``memory_bytes``), start the init and, with egress, slirp4netns. The
         cluster's writable dir is ``<cluster_dir>/s``, owned by the sandbox uid."""
         owner = os.path.basename(cluster_dir)
-        leases = _Leases(work_dir)
+        leases = Leases(work_dir)
         state: dict[str, Any] = {
             "work_dir": work_dir,
             "owner": owner,
@@ -279,10 +98,10 @@ class Sandbox:
         }
         sandbox = cls(state)
         try:
-            uid = _take_uid(leases, settings, owner)
+            uid = take_uid(leases, settings, owner)
             state.update(uid=uid, gid=uid)
             for node in nodes:
-                state["gpus"][node["name"]] = _take_gpus(
+                state["gpus"][node["name"]] = take_gpus(
                     leases, settings.gpus, node["num_gpus"], owner
                 )
             writable = os.path.join(cluster_dir, "s")
@@ -529,7 +348,7 @@ class Sandbox:
             logger.warning("sandbox %s: processes survived SIGKILL: %s", s.get("owner"), leftover)
         self.cgroups.remove()
         if s.get("work_dir") and s.get("owner"):
-            leases = _Leases(s["work_dir"])
+            leases = Leases(s["work_dir"])
             for gpus in s.get("gpus", {}).values():
                 for gpu in gpus:
                     leases.release("gpu", gpu, s["owner"])

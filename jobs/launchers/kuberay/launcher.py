@@ -1,0 +1,130 @@
+"""``KubeRayLauncher``: the launcher contract (``..base.Launcher``) over one RayJob per attempt.
+
+A RayJob is cluster and submission in one object: KubeRay starts the RayCluster and, once it is
+up, runs ``ray job submit`` with ``spec.jobId`` (the attempt's submission id). So
+:meth:`KubeRayLauncher.start_cluster` creates the RayJob, and
+:meth:`KubeRayLauncher.submit` has nothing left to send: it checks the RayJob is still there and
+still this submission's. The caller sees the same two phases as with every launcher.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from kubernetes import client as k8s
+
+from ..base import RAY_FAILED, RAY_TERMINAL, LaunchError, LaunchRequest, RayJobState
+from .client import KubeClient
+from .manifest import rayjob_state, render_rayjob
+
+FOLLOW_POLL = 1.0
+
+
+class KubeRayLauncher:
+    """Runs each attempt as a KubeRay RayJob. See the package docstring for the target config."""
+
+    kind = "kuberay"
+
+    def __init__(
+        self, target_config: Mapping[str, Any], *, api_client: k8s.ApiClient | None = None
+    ) -> None:
+        """``target_config`` says how to reach the cluster; ``api_client`` overrides it."""
+        self._kube = KubeClient(target_config, api_client=api_client)
+
+    def plan(self, request: LaunchRequest) -> dict[str, Any]:
+        """The RayJob manifest start_cluster() would create; touches no cluster."""
+        return {"kind": self.kind, "manifest": render_rayjob(request)}
+
+    def start_cluster(
+        self, request: LaunchRequest, *, abandon: Callable[[], str] | None = None
+    ) -> dict[str, Any]:
+        """Create the namespace (if needed) and the RayJob; return the handle.
+
+        Idempotent: a RayJob of this name that carries the same ``spec.jobId`` is adopted;
+        one with another job id raises LaunchError instead. ``abandon`` is not asked: creating
+        is one API call, and KubeRay brings the cluster up after it returns.
+        """
+        manifest = render_rayjob(request)
+        namespace = manifest["metadata"]["namespace"]
+        name = manifest["metadata"]["name"]
+        self._kube.ensure_namespace(namespace, request.labels)
+        if not self._kube.create_rayjob(manifest):
+            self._check_ours(namespace, name, request.submission_id)
+        return {"namespace": namespace, "name": name, "submission_id": request.submission_id}
+
+    def submit(self, handle: dict[str, Any], request: LaunchRequest) -> dict[str, Any]:
+        """Nothing to send: the RayJob start_cluster() created is the submission (KubeRay
+        submits ``spec.jobId`` once its cluster is up, and never twice). Checks the RayJob is
+        still there and still this submission's; returns the handle."""
+        self._check_ours(handle["namespace"], handle["name"], request.submission_id)
+        return handle
+
+    def status(self, handle: dict[str, Any]) -> RayJobState:
+        """The job's state from the RayJob's status (see :func:`.manifest.rayjob_state`). A
+        RayJob that no longer exists is FAILED; an unreachable or erroring API server raises
+        LaunchError."""
+        namespace, name = handle["namespace"], handle["name"]
+        rayjob = self._kube.get_rayjob(namespace, name)
+        if rayjob is None:
+            return RayJobState(RAY_FAILED, f"RayJob {namespace}/{name} no longer exists")
+        return rayjob_state(rayjob)
+
+    def logs(self, handle: dict[str, Any], *, tail: int | None = None) -> str:
+        """The driver log: in K8sJobMode the submitter pod follows the Ray job's logs, so its
+        log is the driver's. Empty until the submitter pod has started."""
+        return self._kube.submitter_log(handle["namespace"], handle["name"], tail=tail)
+
+    def follow_logs(self, handle: dict[str, Any]) -> Iterator[str]:
+        """The submitter pod's log, polled once a second (Kubernetes streams it too, but the
+        pod of a retried submitter changes under a stream)."""
+        sent = 0
+        while True:
+            text = self.logs(handle)
+            if len(text) > sent:
+                yield text[sent:]
+                sent = len(text)
+            if self.status(handle).status in RAY_TERMINAL:
+                return
+            time.sleep(FOLLOW_POLL)
+
+    def heal(self, handle: dict[str, Any], *, max_restarts: int) -> list[dict[str, Any]]:
+        # KubeRay heals worker nodes itself: their pods restart in place (restartPolicy
+        # Always, see manifest._worker_groups) and the RayCluster controller recreates a
+        # deleted one.
+        return []
+
+    def stop(self, handle: dict[str, Any]) -> None:
+        """Delete the RayJob, in the foreground (its RayCluster and submitter Job go with it).
+        Already gone is fine; another API error raises LaunchError."""
+        self._kube.delete_rayjob(handle["namespace"], handle["name"])
+
+    def find_clusters(
+        self, target_config: dict[str, Any], *, submission_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """None: a RayJob is named by its attempt (the request's cluster_name), so a start
+        repeated after a crash adopts it rather than leaving it behind, and KubeRay deletes it
+        after it finishes (``ttlSecondsAfterFinished``) or outlives ``activeDeadlineSeconds``.
+        Finding one by label instead would need rights to list RayJobs in every namespace,
+        which a tenant's kubeconfig seldom grants."""
+        return []
+
+    def close(self) -> None:
+        """Release the HTTP connection pool (safe to call more than once)."""
+        self._kube.close()
+
+    def _check_ours(self, namespace: str, name: str, submission_id: str) -> None:
+        """Raise LaunchError unless the RayJob exists, carries ``submission_id`` as its job id
+        and is not being deleted."""
+        existing = self._kube.get_rayjob(namespace, name)
+        if existing is None:
+            raise LaunchError(f"RayJob {namespace}/{name} no longer exists")
+        job_id = (existing.get("spec") or {}).get("jobId")
+        if job_id != submission_id:
+            raise LaunchError(
+                f"RayJob {namespace}/{name} already exists for submission {job_id!r}, "
+                f"not {submission_id!r}"
+            )
+        if (existing.get("metadata") or {}).get("deletionTimestamp"):
+            raise LaunchError(f"RayJob {namespace}/{name} exists but is being deleted")

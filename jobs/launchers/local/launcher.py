@@ -1,0 +1,381 @@
+"""``LocalRayLauncher``: the launcher contract (``..base.Launcher``) over this package's parts.
+
+It turns a spec into nodes (:meth:`LocalRayLauncher.plan`), asks ``startup`` to bring them up
+(retrying a lost port race, adopting a complete cluster a crashed caller left), submits through
+the Ray Jobs API, and answers status and logs from the dashboard or, where the dashboard cannot
+answer, from the sandbox and the files the head wrote. See the package docstring for what it
+promises.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import requests
+
+from .. import ray_jobs
+from ..base import RAY_FAILED, RAY_TERMINAL, LaunchError, LaunchRequest, RayJobState
+from .handles import KIND, discover_handles, sandbox_of
+from .isolation import (
+    MODE_OFF,
+    MODE_SANDBOX,
+    NAMESPACES,
+    NETWORK_LOOPBACK,
+    NETWORK_NAT,
+    SandboxSettings,
+    egress_available,
+    host_support,
+    sandbox_limits,
+)
+from .logs import driver_log_file, follow_driver_log
+from .nodes import heal_workers, nodes_running
+from .processes import DEFAULT_STOP_GRACE, ClusterProcesses, reap, teardown
+from .sandbox import Sandbox
+from .startup import Abandon, PortConflict, sandbox_nodes, start_cluster_once, wait_for_nodes
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
+
+logger = logging.getLogger(__name__)
+
+GIB = 1024**3
+DEFAULT_START_TIMEOUT = 120.0
+START_ATTEMPTS = 3  # a port taken between our check and Ray's bind costs one more attempt
+
+
+class LocalRayLauncher:
+    """Runs each attempt on its own ephemeral Ray cluster made of local processes."""
+
+    kind = KIND
+
+    def __init__(self) -> None:
+        # Building a JobSubmissionClient costs two HTTP round trips; reuse them per cluster.
+        self._clients: OrderedDict[tuple[str, str], JobSubmissionClient] = OrderedDict()
+        self._clients_lock = threading.Lock()
+
+    # -- the contract --------------------------------------------------------------------------
+
+    def plan(self, request: LaunchRequest) -> dict[str, Any]:
+        """The nodes and the submission start_cluster() and submit() would start. Raises
+        LaunchError for a spec this launcher cannot run (e.g. fractional CPUs: ``ray start``
+        takes whole numbers)."""
+        spec = request.spec
+        entrypoint = spec.get("entrypoint")
+        if not entrypoint:
+            raise LaunchError("The job spec has no entrypoint")
+        head = spec.get("head") or {}
+        nodes = [{"role": "head", "group": "head", **_node_resources(head, "head")}]
+        for group in spec.get("worker_groups") or []:
+            name = group.get("name") or "workers"
+            replicas = _whole(group.get("replicas", 1), f"worker group {name!r} replicas")
+            resources = _node_resources(group, f"worker group {name!r}")
+            for index in range(replicas):
+                nodes.append({"role": "worker", "group": name, "index": index, **resources})
+        settings = SandboxSettings.from_config((request.target_config or {}).get("sandbox"))
+        return {
+            "kind": KIND,
+            "cluster_name": request.cluster_name,
+            "nodes": nodes,
+            "isolation": _isolation_plan(settings, nodes, request.target_config or {}),
+            "submission": {
+                "submission_id": request.submission_id,
+                "entrypoint": entrypoint,
+                "runtime_env": ray_jobs.clean_runtime_env(spec.get("runtime_env")),
+                "entrypoint_num_cpus": 0,
+            },
+        }
+
+    def start_cluster(
+        self, request: LaunchRequest, *, abandon: Callable[[], str] | None = None
+    ) -> dict[str, Any]:
+        """Start the head and all worker nodes and wait until every node is alive in Ray.
+
+        ``abandon`` is asked, at most twice a second while nodes start, whether to stop: a
+        non-empty answer (why) tears down what has started and raises LaunchAbandoned.
+
+        Returns the handle. A complete, running cluster of the same submission_id under the
+        same ``work_dir`` (left by a caller that died before storing its handle) is adopted
+        instead of starting a second one. Raises LaunchError (after tearing down whatever had
+        started) when a node dies during start-up or the cluster is not complete within the
+        start timeout.
+        """
+        reap()
+        nodes = self.plan(request)["nodes"]
+        config = request.target_config or {}
+        settings = SandboxSettings.from_config(config.get("sandbox"))
+        if settings.mode == MODE_SANDBOX:
+            problems = _host_support(settings)
+            if problems:
+                raise LaunchError(
+                    "this host cannot isolate tenant jobs: "
+                    + "; ".join(problems)
+                    + ". Fix that, or set MANTA_LOCAL_ISOLATION=off (single-user mode)."
+                )
+        elif settings.mode != MODE_OFF:
+            raise LaunchError(f"unknown isolation mode {settings.mode!r}")
+        base_dir = config.get("work_dir") or tempfile.gettempdir()
+        os.makedirs(base_dir, exist_ok=True)
+        timeout = float(config.get("start_timeout_seconds") or DEFAULT_START_TIMEOUT)
+        existing = self._adopt_cluster(request, len(nodes), base_dir, timeout)
+        if existing is not None:
+            return existing
+        grace = float(config.get("stop_grace_seconds") or DEFAULT_STOP_GRACE)
+        object_store = config.get("object_store_memory_bytes")
+        last_error: LaunchError | None = None
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return start_cluster_once(
+                    request,
+                    nodes,
+                    base_dir,
+                    timeout,
+                    grace,
+                    object_store and int(object_store),
+                    settings,
+                    Abandon(abandon),
+                )
+            except PortConflict as exc:
+                logger.warning(
+                    "Local Ray cluster %s lost a port race (attempt %d/%d): %s",
+                    request.cluster_name,
+                    attempt,
+                    START_ATTEMPTS,
+                    exc,
+                )
+                last_error = exc
+        assert last_error is not None
+        raise LaunchError(str(last_error))
+
+    def submit(self, handle: dict[str, Any], request: LaunchRequest) -> dict[str, Any]:
+        """Submit the entrypoint to the cluster in ``handle``; returns the handle.
+
+        Safe to call again (another process, a retried task): an existing Ray job with this
+        submission_id is adopted instead of starting the entrypoint a second time.
+        """
+        if handle.get("submission_id") != request.submission_id:
+            raise LaunchError(
+                f"Handle is for submission {handle.get('submission_id')!r}, "
+                f"not {request.submission_id!r}"
+            )
+        submission = self.plan(request)["submission"]
+        # No retry here: Ray's job server itself waits for the head's job agent, and a caller
+        # that wants to retry may, since this call is idempotent.
+        created = self._with_client(
+            handle,
+            lambda c: ray_jobs.submit_idempotent(
+                c,
+                submission_id=submission["submission_id"],
+                entrypoint=submission["entrypoint"],
+                runtime_env=submission["runtime_env"],
+                packages=request.packages,
+                entrypoint_num_cpus=submission["entrypoint_num_cpus"],
+                metadata=dict(request.labels or {}),
+            ),
+        )
+        logger.info(
+            "%s Ray job %s on local cluster %s",
+            "Submitted" if created else "Adopted",
+            request.submission_id,
+            handle["cluster_name"],
+        )
+        return handle
+
+    def status(self, handle: dict[str, Any]) -> RayJobState:
+        """What Ray says about the job, unless the sandbox knows better: a cluster the kernel
+        OOM-killed in has failed (reason ``oom_killed``). LaunchError when the dashboard
+        cannot be reached or the sandbox is gone."""
+        reap()
+        sandbox = sandbox_of(handle)
+        if sandbox is not None:
+            if sandbox.oom_killed():
+                return _oom_state(sandbox)
+            if not sandbox.init_alive():
+                raise LaunchError(f"the sandbox of cluster {handle.get('cluster_name')} is gone")
+        try:
+            return self._with_client(
+                handle, lambda c: ray_jobs.job_state(c, handle["submission_id"])
+            )
+        except LaunchError:
+            # A cluster the kernel is OOM-killing stops answering: say why, not just "lost".
+            if sandbox is not None and sandbox.oom_killed():
+                return _oom_state(sandbox)
+            raise
+
+    def logs(self, handle: dict[str, Any], *, tail: int | None = None) -> str:
+        """The driver log from Ray (its last ``tail`` lines when given). When the dashboard
+        cannot answer (a cluster the kernel is OOM-killing, a dead head), the log file the
+        head wrote is read instead, while the cluster's dir exists."""
+        try:
+            return self._with_client(
+                handle, lambda c: ray_jobs.job_logs(c, handle["submission_id"], tail=tail)
+            )
+        except LaunchError:
+            text = driver_log_file(handle)
+            if text is None:
+                raise
+            return ray_jobs.tail_lines(text, tail)
+
+    def follow_logs(self, handle: dict[str, Any]) -> Iterator[str]:
+        """The driver log file the head writes on this host, read as it grows, until Ray says
+        the job ended; Ray's tail where this process cannot see the cluster's files."""
+        if not os.path.isdir(handle.get("temp_dir") or ""):
+            yield from ray_jobs.follow_logs(self.client(handle), handle["submission_id"])
+            return
+        yield from follow_driver_log(handle, lambda: self.status(handle).status in RAY_TERMINAL)
+
+    def heal(self, handle: dict[str, Any], *, max_restarts: int) -> list[dict[str, Any]]:
+        """Start every dead worker node again (see :func:`.nodes.heal_workers`)."""
+        return heal_workers(handle, max_restarts=max_restarts)
+
+    def stop(self, handle: dict[str, Any]) -> None:
+        """Kill every process of the cluster (worker nodes before the head) and delete its temp
+        dir. Never raises; stopping a cluster that is already gone does nothing."""
+        with self._clients_lock:
+            self._clients.pop((handle.get("dashboard_url", ""), handle.get("token", "")), None)
+        try:
+            teardown(handle)
+        except Exception:
+            logger.exception("Stopping local Ray cluster %s failed", handle.get("cluster_name"))
+
+    def find_clusters(
+        self, target_config: dict[str, Any], *, submission_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The clusters whose dirs (with their ``handle.json``) exist under the target's
+        ``work_dir``, running or not; only those of ``submission_id`` when given."""
+        handles = discover_handles((target_config or {}).get("work_dir"))
+        if submission_id is None:
+            return handles
+        return [h for h in handles if h.get("submission_id") == submission_id]
+
+    # -- beyond the contract -------------------------------------------------------------------
+
+    def is_alive(self, handle: dict[str, Any]) -> bool:
+        """True while any process of the cluster runs or its dashboard still answers."""
+        reap()
+        sandbox = sandbox_of(handle)
+        if sandbox is not None:
+            return sandbox.init_alive() or bool(sandbox.processes())
+        if ClusterProcesses(handle).members():
+            return True
+        try:
+            r = requests.get(f"{handle['dashboard_url']}/api/gcs_healthz", timeout=2)
+            return r.ok
+        except requests.RequestException:
+            return False
+
+    def client(self, handle: dict[str, Any]) -> JobSubmissionClient:
+        """An authenticated JobSubmissionClient for the cluster (cached per cluster)."""
+        key = (handle["dashboard_url"], handle["token"])
+        with self._clients_lock:
+            cached = self._clients.get(key)
+            if cached is not None:
+                self._clients.move_to_end(key)
+                return cached
+        new = ray_jobs.make_client(handle["dashboard_url"], handle["token"])
+        with self._clients_lock:
+            self._clients[key] = new
+            while len(self._clients) > 32:
+                self._clients.popitem(last=False)
+        return new
+
+    def _with_client(self, handle: dict[str, Any], call: Any) -> Any:
+        try:
+            return call(self.client(handle))
+        except LaunchError:
+            # The cached client may point at a dead cluster; the next call builds a fresh one.
+            with self._clients_lock:
+                self._clients.pop((handle["dashboard_url"], handle["token"]), None)
+            raise
+
+    def _adopt_cluster(
+        self, request: LaunchRequest, expected_nodes: int, base_dir: str, timeout: float
+    ) -> dict[str, Any] | None:
+        """The handle of a complete, running cluster already started for this submission (by a
+        call whose caller crashed before storing the handle), or None. Incomplete leftovers
+        are stopped, so that start_cluster() can start afresh."""
+        for handle in discover_handles(base_dir):
+            if handle.get("submission_id") != request.submission_id:
+                continue
+            nodes = handle.get("nodes") or []
+            if len(nodes) == expected_nodes and nodes_running(handle):
+                try:
+                    wait_for_nodes(handle, expected_nodes, time.monotonic() + timeout)
+                except LaunchError as exc:
+                    logger.warning("Not adopting cluster %s: %s", handle["temp_dir"], exc)
+                else:
+                    logger.info("Adopting running local Ray cluster %s", handle["temp_dir"])
+                    return handle
+            logger.warning("Stopping incomplete local Ray cluster %s", handle["temp_dir"])
+            self.stop(handle)
+        return None
+
+
+# -- spec → nodes ----------------------------------------------------------------------------------
+
+
+def _whole(value: Any, what: str) -> int:
+    number = float(value or 0)
+    if number < 0 or not number.is_integer():
+        raise LaunchError(f"{what}: the local launcher needs a whole, non-negative number")
+    return int(number)
+
+
+def _node_resources(spec: dict[str, Any], what: str) -> dict[str, Any]:
+    resources = dict(spec.get("resources") or {})
+    reserved = {"CPU", "GPU", "memory", "object_store_memory"} & set(resources)
+    if reserved:
+        raise LaunchError(f"{what}: use cpu/gpu/memory_gb instead of resources {sorted(reserved)}")
+    # Ray rejects fractional node resources only once the node starts; say so up front.
+    resources = {name: _whole(n, f"{what} resource {name!r}") for name, n in resources.items()}
+    memory_gb = float(spec.get("memory_gb") or 0)
+    return {
+        "num_cpus": _whole(spec.get("cpu", 0), f"{what} cpu"),
+        "num_gpus": _whole(spec.get("gpu", 0), f"{what} gpu"),
+        # None lets Ray size it from the host; 0 would make the node unschedulable for memory.
+        "memory_bytes": int(memory_gb * GIB) if memory_gb > 0 else None,
+        "resources": resources,
+    }
+
+
+def _isolation_plan(
+    settings: SandboxSettings, nodes: list[dict[str, Any]], config: dict[str, Any]
+) -> dict[str, Any]:
+    """What a start would enforce, without starting anything."""
+    if settings.mode != MODE_SANDBOX:
+        return {"mode": settings.mode, "enforced": "nothing: single-user mode"}
+    configured = config.get("object_store_memory_bytes")
+    named, stores = sandbox_nodes(settings, nodes, configured and int(configured))
+    return {
+        "mode": MODE_SANDBOX,
+        "uid_range": list(settings.uid_range),
+        "namespaces": list(NAMESPACES),
+        "network": NETWORK_NAT if egress_available(settings) else NETWORK_LOOPBACK,
+        "limits": sandbox_limits(settings, named, stores),
+        "gpu_inventory": list(settings.gpus),
+    }
+
+
+_support: dict[SandboxSettings, list[str]] = {}
+
+
+def _host_support(settings: SandboxSettings) -> list[str]:
+    if settings not in _support:
+        _support[settings] = host_support(settings)
+    return _support[settings]
+
+
+def _oom_state(sandbox: Sandbox) -> RayJobState:
+    limit = sandbox.state.get("limits", {}).get("memory_bytes", 0)
+    return RayJobState(
+        RAY_FAILED,
+        f"the cluster exceeded its memory limit of {limit / GIB:.1f} GiB and the kernel "
+        "killed a process in it",
+        reason="oom_killed",
+    )
