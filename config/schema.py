@@ -98,8 +98,12 @@ def error_statuses(method: str, operation: dict[str, Any]) -> dict[str, tuple[st
     where = {p["in"] for p in parameters}
     query = {p["name"] for p in parameters if p["in"] == "query"}
     paginated = "page" in query
+    # A list refuses query parameters it does not take (config/strict.py): a 400 too.
     validates = (
-        method in WRITES or "requestBody" in operation or bool(query - PAGINATION_PARAMETERS)
+        method in WRITES
+        or "requestBody" in operation
+        or bool(query - PAGINATION_PARAMETERS)
+        or paginated
     )
 
     statuses = {}

@@ -8,7 +8,8 @@ class PackageOutput(serializers.ModelSerializer):
     uri = serializers.CharField(
         read_only=True, help_text="Put it in runtime_env.working_dir to run this code"
     )
-    uploaded_by = serializers.SlugRelatedField(slug_field="email", read_only=True)
+    # null when no user uploaded it (fetched from a code source) or the user was deleted
+    uploaded_by = serializers.SlugRelatedField(slug_field="email", read_only=True, allow_null=True)
 
     class Meta:
         model = CodePackage
@@ -17,7 +18,7 @@ class PackageOutput(serializers.ModelSerializer):
 
 class CodeSourceOutput(serializers.ModelSerializer):
     has_deploy_key = serializers.BooleanField(read_only=True)
-    created_by = serializers.SlugRelatedField(slug_field="email", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="email", read_only=True, allow_null=True)
 
     class Meta:
         model = CodeSource

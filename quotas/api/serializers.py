@@ -4,12 +4,15 @@ from config.strict import ReplaceMixin, StrictModelSerializer
 from quotas.models import OrgQuota, WorkspaceQuota
 
 AMOUNT = {"min_value": 0, "max_value": 1_000_000, "required": False, "allow_null": True}
+# A quota nobody has set yet is the default one, not a row: it was never updated.
+UPDATED_AT = {"read_only": True, "allow_null": True, "help_text": "null until first set"}
 
 
 class OrgQuotaSerializer(StrictModelSerializer):
     cpu = serializers.FloatField(**AMOUNT, help_text="Capacity; null = unlimited")
     memory_gb = serializers.FloatField(**AMOUNT)
     gpu = serializers.FloatField(**AMOUNT)
+    updated_at = serializers.DateTimeField(**UPDATED_AT)
 
     class Meta:
         model = OrgQuota
@@ -23,7 +26,6 @@ class OrgQuotaSerializer(StrictModelSerializer):
             "preemption",
             "updated_at",
         ]
-        read_only_fields = ["updated_at"]
 
 
 class WorkspaceQuotaSerializer(StrictModelSerializer):
@@ -34,6 +36,7 @@ class WorkspaceQuotaSerializer(StrictModelSerializer):
     limit_memory_gb = serializers.FloatField(**AMOUNT)
     limit_gpu = serializers.FloatField(**AMOUNT)
     gpu_hours_per_month = serializers.FloatField(**AMOUNT)
+    updated_at = serializers.DateTimeField(**UPDATED_AT)
 
     class Meta:
         model = WorkspaceQuota
@@ -50,7 +53,6 @@ class WorkspaceQuotaSerializer(StrictModelSerializer):
             "budget_action",
             "updated_at",
         ]
-        read_only_fields = ["updated_at"]
 
 
 class OrgQuotaReplaceInput(ReplaceMixin, OrgQuotaSerializer):

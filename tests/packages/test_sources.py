@@ -19,6 +19,7 @@ from packages.models import CodePackage, CodeSource
 from tests.conftest import SYSTEM
 from tests.gitserver import Repository
 from tests.notifications.test_ssrf import INTERNAL_ADDRESSES, resolver  # noqa: F401
+from tests.test_schema import load_schema
 
 WS = "/api/v1/orgs/acme/workspaces/ml/"
 SOURCES = WS + "code-sources/"
@@ -244,3 +245,15 @@ def test_an_attempt_records_its_commit_and_a_retry_reuses_it(world, repo):
     execution._fetch_code(two)
     two.refresh_from_db()
     assert (two.code_commit, two.code_package) == (one.code_commit, one.code_package)
+
+
+def test_a_fetched_package_and_a_source_nobody_made_name_no_user_as_the_schema_says(world, repo):
+    """A worker fetches as the system: the package it stores has no uploader."""
+    repo.push()
+    fetched = sources.fetch(source_of(world, repo), "main", actor=SYSTEM)
+    source = world.client("viewer").get(SOURCES + "trainer/")
+    package = world.client("viewer").get(f"{WS}packages/{fetched.package.sha256}/")
+    assert source.json()["created_by"] is None and package.json()["uploaded_by"] is None
+    schemas = load_schema()["components"]["schemas"]
+    assert schemas["CodeSourceOutput"]["properties"]["created_by"]["nullable"] is True
+    assert schemas["PackageOutput"]["properties"]["uploaded_by"]["nullable"] is True

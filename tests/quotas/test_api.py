@@ -4,6 +4,7 @@ from audit.models import AuditEvent
 from jobs.models import Job
 from quotas.models import OrgQuota
 from tests.matrix import IN_ORG, ORG_ADMINS, WS_VISIBLE, Case, check_case
+from tests.test_schema import load_schema
 
 ORG_Q = "/api/v1/orgs/acme/quota/"
 WS_Q = "/api/v1/orgs/acme/workspaces/ml/quota/"
@@ -121,3 +122,12 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_matrix(world, case, who):
     check_case(world, case, who)
+
+
+def test_a_quota_nobody_has_set_answers_updated_at_null_as_the_schema_says(world):
+    """A new organisation's quotas are the defaults, not rows: they were never updated."""
+    schemas = load_schema()["components"]["schemas"]
+    for url, component in ((ORG_Q, "OrgQuota"), (WS_Q, "WorkspaceQuota")):
+        response = world.client("owner").get(url)
+        assert response.status_code == 200 and response.json()["updated_at"] is None
+        assert schemas[component]["properties"]["updated_at"]["nullable"] is True

@@ -10,7 +10,10 @@ from django.core import mail
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from tests.conftest import SYSTEM
 from tests.matrix import row_counts
+from tests.test_schema import load_schema
+from workspaces.invitations import invitation_create
 from workspaces.models import Invitation, OrgMembership, User
 
 ORG = "/api/v1/orgs/acme/"
@@ -124,3 +127,11 @@ def test_only_owners_invite_owners(world):
         ORG + "invitations/", {"email": "x@acme.test", "org_role": "owner"}, format="json"
     )
     assert response.status_code == 400 and "org_role" in response.json()["errors"]
+
+
+def test_an_invitation_without_a_sender_lists_invited_by_null_as_the_schema_says(world):
+    invitation_create(actor=SYSTEM, organization=world.org, email="x@elsewhere.test")
+    listed = world.client("owner").get(ORG + "invitations/").json()["results"]
+    assert [i["invited_by"] for i in listed] == [None]
+    invitation = load_schema()["components"]["schemas"]["InvitationOutput"]
+    assert invitation["properties"]["invited_by"]["nullable"] is True

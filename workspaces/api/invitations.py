@@ -24,7 +24,7 @@ class InvitationCreateInput(StrictSerializer):
 
 
 class InvitationOutput(serializers.ModelSerializer):
-    invited_by = serializers.SlugRelatedField(slug_field="email", read_only=True)
+    invited_by = serializers.SlugRelatedField(slug_field="email", read_only=True, allow_null=True)
     state = serializers.SerializerMethodField()
 
     class Meta:
