@@ -122,7 +122,7 @@ def main() -> None:
     from jobs import services as job_services
     from jobs.models import ATTEMPT_ACTIVE, Job, JobAttempt, JobEvent
     from notifications import services as hooks
-    from notifications.models import DomainEvent
+    from outbox.models import DomainEvent
     from workspaces import services as ws_services
 
     world = bench_workspace(SPEC)

@@ -93,7 +93,8 @@ def main() -> None:
     from audit.context import Actor
     from config.celery import probe
     from notifications import delivery, services
-    from notifications.models import DomainEvent, WebhookDelivery
+    from notifications.models import WebhookDelivery
+    from outbox import services as outbox
     from workspaces import services as ws_services
 
     system = Actor.system("bench")
@@ -118,16 +119,15 @@ def main() -> None:
         # --- warm up: connections, imports, the worker's first tasks
         for _ in range(3):
             with transaction.atomic():
-                services.event_emit(type="job.queued", organization=org, workspace=ws,
-                                    payload=payload)  # fmt: skip
+                outbox.event_emit(type="job.queued", organization=org, workspace=ws,
+                                  payload=payload)  # fmt: skip
         wait_until(lambda: len(receiver.poll()) >= 3, 30)
 
         # --- throughput
         with transaction.atomic():
-            events = DomainEvent.objects.bulk_create(
-                DomainEvent(type="job.launching", organization=org, workspace=ws, payload=payload)
-                for _ in range(args.events)
-            )
+            entry = {"type": "job.launching", "organization": org, "workspace": ws,
+                     "payload": payload}  # fmt: skip
+            events = outbox.event_emit_many(entries=[entry] * args.events)
         committed = time.time()
         ids = {f"msg_{e.pk.hex}" for e in events}
         wait_until(lambda: ids <= receiver.poll().keys(), 600)
@@ -152,7 +152,7 @@ def main() -> None:
             noop.append(float(value) - sent)
 
             with transaction.atomic():
-                event = services.event_emit(
+                event = outbox.event_emit(
                     type="job.succeeded", organization=org, workspace=ws, payload=payload
                 )
             committed = time.time()

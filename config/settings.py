@@ -38,6 +38,7 @@ INSTALLED_APPS = [
     "guardian",
     "workspaces",
     "audit",
+    "outbox",
     "jobs",
     "quotas",
     "notifications",

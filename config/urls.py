@@ -3,11 +3,9 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from .health import healthz, readyz
-from .metrics import metrics
 
 api_v1 = [
     path("", include("workspaces.api.urls")),
-    path("", include("audit.api.urls")),
     path("", include("jobs.api.urls")),
     path("", include("quotas.api.urls")),
     path("", include("notifications.api.urls")),
@@ -20,6 +18,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("healthz", healthz),
     path("readyz", readyz),
-    path("metrics", metrics),
+    path("", include("jobs.metrics")),  # /metrics
     path("admin/", admin.site.urls),
 ]

@@ -64,7 +64,7 @@ from .launchers.base import (
     RayJobState,
 )
 from .models import ATTEMPT_ACTIVE, TERMINAL_STATES, AttemptState, Job, JobAttempt, JobState
-from .state import InvalidTransition, record_event, transition, transition_many
+from .state import InvalidTransition, record_event, transition
 
 logger = logging.getLogger(__name__)
 SYSTEM = Actor.system("worker")
@@ -177,11 +177,11 @@ def attempts_create(jobs: list[Job]) -> list[JobAttempt]:
         JobAttempt.objects.filter(job__in=jobs).values_list("job").annotate(n=Count("id"))
     )
     numbers = {job.pk: previous.get(job.pk, 0) + 1 for job in jobs}
-    locked = transition_many(
+    locked = transition(
         jobs,
         JobState.LAUNCHING,
         actor=SYSTEM,
-        data={pk: {"attempt": number} for pk, number in numbers.items()},
+        data_by_job={pk: {"attempt": number} for pk, number in numbers.items()},
     )
     attempts = copy_insert(
         JobAttempt,
@@ -219,13 +219,13 @@ def attempts_preempt(job_ids: list[int], *, reason: str, for_job: int) -> list[i
         return []
     active = JobAttempt.objects.filter(job__in=jobs, state__in=ATTEMPT_ACTIVE)
     attempts = {job_id: (pk, n) for job_id, pk, n in active.values_list("job_id", "pk", "number")}
-    transition_many(
+    transition(
         jobs,
         JobState.QUEUED,
         actor=SYSTEM,
         kind="preempted",
         reason=reason,
-        data={
+        data_by_job={
             job.pk: {"attempt": attempts.get(job.pk, (None, None))[1], "preempted_for": for_job}
             for job in jobs
         },
@@ -332,8 +332,7 @@ def attempt_launch(attempt_id: str) -> None:
                 handle = _start(attempt, launcher, request, target)
             if not _still_wanted(attempt):
                 return  # cancelled or preempted while the cluster came up: that path tears down
-            if hasattr(launcher, "submit"):  # kuberay submits as part of launch()
-                launcher.submit(handle, request)
+            launcher.submit(handle, request)
             now = timezone.now()
             JobAttempt.objects.filter(pk=attempt.pk).update(
                 submitted=True,
@@ -394,17 +393,12 @@ def _still_wanted(attempt: JobAttempt) -> bool:
 
 
 def _start(attempt: JobAttempt, launcher, request: LaunchRequest, target) -> dict[str, Any]:
-    if hasattr(launcher, "start_cluster"):
-        _stop_orphans(attempt, target)
-        # Asked while nodes start: a cancel or preemption stops the start.
-        handle = launcher.start_cluster(
-            request,
-            abandon=lambda: (
-                "" if _still_wanted(attempt) else "its attempt was cancelled or preempted"
-            ),
-        )
-    else:  # kuberay: one call creates cluster and submission
-        handle = launcher.launch(request)
+    _stop_orphans(attempt, target)
+    # Asked while nodes start: a cancel or preemption stops the start.
+    handle = launcher.start_cluster(
+        request,
+        abandon=lambda: "" if _still_wanted(attempt) else "its attempt was cancelled or preempted",
+    )
     now = timezone.now()
     updated = JobAttempt.objects.filter(pk=attempt.pk, state__in=ATTEMPT_ACTIVE).update(
         handle_encrypted=secrets.encrypt_json(handle),
@@ -423,15 +417,10 @@ def _start(attempt: JobAttempt, launcher, request: LaunchRequest, target) -> dic
 def _stop_orphans(attempt: JobAttempt, target: ResolvedTarget) -> None:
     """A launch killed after starting a cluster but before storing its handle left a cluster no
     row points to; it wrote its handle next to itself, so find it and stop it before retrying."""
-    if target.kind != ComputeTargetKind.LOCAL:
-        return
-    from .launchers import local
-
-    launcher = local.LocalRayLauncher()
-    for handle in local.discover_handles(target.config.get("work_dir")):
-        if handle.get("submission_id") == attempt.submission_id:
-            logger.warning("stopping orphaned cluster %s", handle.get("cluster_name"))
-            launcher.stop(handle)
+    launcher = launcher_for(target.kind, target.config)
+    for handle in launcher.find_clusters(target.config, submission_id=attempt.submission_id):
+        logger.warning("stopping orphaned cluster %s", handle.get("cluster_name"))
+        launcher.stop(handle)
 
 
 # --- following ---------------------------------------------------------------------------------
@@ -726,13 +715,12 @@ def _stop_strays() -> int:
     """Stop the local clusters on this host whose attempt is gone or torn down (a launch
     killed after starting one, then its attempt ended): no cluster outlives its attempt,
     whatever was killed when. Returns how many were stopped."""
-    from .launchers import local
-
-    handles = local.discover_handles(settings.MANTA_LOCAL_RAY_DIR)
+    config = {"work_dir": settings.MANTA_LOCAL_RAY_DIR}
+    launcher = launcher_for(ComputeTargetKind.LOCAL, config)
+    handles = launcher.find_clusters(config)
     ids = [i for h in handles if isinstance(i := h.get("submission_id"), str) and _is_uuid(i)]
     owned = JobAttempt.objects.filter(pk__in=ids, torn_down_at__isnull=True)
     owners = {str(pk) for pk in owned.values_list("pk", flat=True)}
-    launcher = local.LocalRayLauncher()
     strays = [h for h in handles if h.get("submission_id") not in owners]
     for handle in strays:
         logger.warning("stopping local cluster %s: its attempt ended", handle.get("cluster_name"))

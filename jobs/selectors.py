@@ -2,7 +2,9 @@
 
 from django.db.models import QuerySet
 
-from .models import Job, JobEvent, JobTemplate, JobTemplateVersion
+from packages.models import CodePackage
+
+from .models import TERMINAL_STATES, Job, JobEvent, JobTemplate, JobTemplateVersion
 
 
 def templates_of(workspace, *, include_archived: bool = False) -> QuerySet[JobTemplate]:
@@ -39,3 +41,14 @@ def jobs_of(workspace) -> QuerySet[Job]:
 
 def job_events(job: Job) -> QuerySet[JobEvent]:
     return job.events.order_by("id")
+
+
+def package_in_use(package: CodePackage) -> bool:
+    """Whether a job that has not ended runs the package (so its retention must wait)."""
+    return (
+        Job.objects.filter(
+            workspace_id=package.workspace_id, spec__runtime_env__working_dir=package.uri
+        )
+        .exclude(state__in=TERMINAL_STATES)
+        .exists()
+    )

@@ -13,7 +13,7 @@ from rest_framework import serializers
 from audit import services as audit
 from audit.context import Actor
 from config.errors import Conflict, Forbidden, InvalidInput, invalid_from_serializer
-from notifications.services import event_emit
+from outbox.services import event_emit
 from packages.services import download_urls_available as package_download_available
 from packages.services import package_require
 from packages.services import sha_of as package_sha

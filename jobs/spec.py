@@ -22,6 +22,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from rest_framework import serializers
 
 from config.strict import StrictSerializer
+from packages.models import GIT_REF, MAX_REF
 
 MAX_CPU = 512
 MAX_MEMORY_GB = 4096
@@ -65,12 +66,6 @@ RAY_TAG_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:[-.].*)?$")
 # client zips a local working_dir where it runs, which would ship the worker's files.
 WORKING_DIR = re.compile(r"^(https|s3|gs)://[^\s/]+/\S*$")
 PACKAGE_URI = re.compile(r"^manta://packages/[0-9a-f]{64}$")  # see packages/
-# A git branch, tag or commit (what ``git check-ref-format`` accepts, in a narrower alphabet),
-# never an option: see packages/sources.py.
-GIT_REF = re.compile(
-    r"^(?!-)(?!/)(?!.*\.\.)(?!.*//)(?!.*@\{)(?!.*\.lock$)(?!.*[/.]$)[A-Za-z0-9._/+-]+$"
-)
-MAX_REF = 255
 # Variables that change how the runtime itself behaves (which binaries and libraries load,
 # where Python and pip look, Ray's own settings, the devices a node was given).
 RUNTIME_ENV_NAMES = frozenset(

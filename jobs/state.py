@@ -8,16 +8,17 @@
             ▼                        │                               │
          rejected          retry / preempt ◀─────────────────────────┘
 
-Every change goes through :func:`transition`: it locks the job row (so two writers serialise
-instead of racing a read-then-write), refuses an illegal move with 409 ``invalid_transition``,
-appends a JobEvent, records the audit event and emits the domain event — in one transaction.
+Every change goes through :func:`transition`, for one job or many: it locks the job rows (so two
+writers serialise instead of racing a read-then-write), refuses an illegal move with 409
+``invalid_transition``, and appends a JobEvent, records the audit event and emits the domain
+events of each job — in one transaction, with one write per table however many jobs move (an
+admission pass moves hundreds at once).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, overload
 
 from django.db import transaction
 from django.db.models import F, Value
@@ -28,8 +29,7 @@ from audit import services as audit
 from audit.context import Actor
 from config.db import copy_insert
 from config.errors import Conflict
-from notifications.models import DomainEvent
-from notifications.services import event_emit
+from outbox.services import event_emit_many
 
 from .models import TERMINAL_STATES, Job, JobEvent, JobState
 
@@ -126,94 +126,85 @@ def record_event(
     data: dict[str, Any] | None = None,
     audit_action: str | None = None,
     changes: dict[str, Any] | None = None,
-) -> JobEvent:
-    """The side effects every state change shares: timeline entry, audit event, domain event."""
-    event = JobEvent.objects.create(
-        job=job,
-        from_state=from_state,
-        to_state=job.state,
+) -> None:
+    """The rows every state change writes, for one job whose row the caller already changed:
+    timeline entry, audit event, domain events."""
+    _record(
+        [job],
+        from_states={job.pk: from_state},
         kind=kind,
-        actor=actor.user,
-        actor_label=actor.label,
-        reason=reason[:1000],
-        data=data or {},
-    )
-    audit.record(
-        actor=actor,
-        action=audit_action or "job.transition",
-        target=job,
-        target_repr=f"job {job.pk} {job.name}",
-        workspace=job.workspace,
-        changes=changes or {"state": [from_state or None, job.state]},
-        metadata={"kind": kind, "reason": reason, **(data or {})},
-    )
-    for event_type in event_types(kind, job.state):
-        event_emit(
-            type=event_type,
-            organization=job.organization,
-            workspace=job.workspace,
-            payload={**job_payload(job), "reason": reason, "actor": actor.label},
-        )
-    return event
-
-
-@transaction.atomic
-def transition(
-    job_id: int,
-    to_state: str,
-    *,
-    actor: Actor,
-    kind: str | None = None,
-    reason: str = "",
-    data: dict[str, Any] | None = None,
-    audit_action: str | None = None,
-    expect_from: frozenset[str] | None = None,
-    mutate: Callable[[Job], None] | None = None,
-) -> Job:
-    """Move job ``job_id`` to ``to_state`` or raise :class:`InvalidTransition`.
-
-    ``expect_from`` narrows the legal sources further (an approval only moves a job that is
-    waiting for one); ``mutate`` sets other fields on the locked row before it is saved.
-    """
-    job = (
-        Job.objects.select_for_update(of=("self",))
-        .select_related("workspace", "organization", "submitted_by")
-        .get(pk=job_id)
-    )
-    from_state = job.state
-    if not is_legal(from_state, to_state) or (expect_from and from_state not in expect_from):
-        raise InvalidTransition(
-            f"job {job.pk} is {from_state}; it cannot become {to_state}",
-            errors={"state": [f"{from_state} → {to_state} is not allowed"]},
-        )
-    now = timezone.now()
-    job.state = to_state
-    if to_state == S.QUEUED:
-        job.queued_at = job.queued_at or now
-    elif to_state == S.RUNNING:
-        job.started_at = job.started_at or now
-    elif to_state in TERMINAL_STATES:
-        job.finished_at = now
-    if mutate:
-        mutate(job)
-    job.save()
-    for callback in _in_transaction:
-        callback(job, from_state)
-    record_event(
-        job,
-        from_state=from_state,
-        kind=kind or to_state,
         actor=actor,
         reason=reason,
-        data=data,
+        data_by_job={job.pk: data or {}},
         audit_action=audit_action,
+        changes=changes,
     )
-    run_state_hooks(job)
-    return job
 
 
-# What a bulk move reads of each job: its state, what the timeline, audit and outbox rows say of
-# it, and what launching it needs. The spec and the rest stay in the table.
+def _record(
+    jobs: list[Job],
+    *,
+    from_states: Mapping[int, str],
+    kind: str,
+    actor: Actor,
+    reason: str,
+    data_by_job: Mapping[int, dict[str, Any]],
+    audit_action: str | None,
+    changes: dict[str, Any] | None = None,
+) -> None:
+    """A timeline event, an audit event and the domain events of each job, with one insert per
+    table (COPY on PostgreSQL for many rows)."""
+    copy_insert(
+        JobEvent,
+        (
+            JobEvent(
+                job=job,
+                from_state=from_states[job.pk],
+                to_state=job.state,
+                kind=kind,
+                actor=actor.user,
+                actor_label=actor.label,
+                reason=reason[:1000],
+                data=data_by_job[job.pk],
+            )
+            for job in jobs
+        ),
+    )
+    by_organization: dict[int, list[Job]] = {}
+    for job in jobs:
+        by_organization.setdefault(job.organization_id, []).append(job)
+    for group in by_organization.values():  # one audit chain per organisation
+        audit.record_many(
+            actor=actor,
+            organization=group[0].organization,
+            entries=[
+                {
+                    "action": audit_action or "job.transition",
+                    "target": job,
+                    "target_repr": f"job {job.pk} {job.name}",
+                    "workspace": job.workspace,
+                    "changes": changes or {"state": [from_states[job.pk] or None, job.state]},
+                    "metadata": {"kind": kind, "reason": reason, **data_by_job[job.pk]},
+                }
+                for job in group
+            ],
+        )
+    event_emit_many(
+        entries=[
+            {
+                "type": event_type,
+                "organization": job.organization,
+                "workspace": job.workspace,
+                "payload": {**job_payload(job), "reason": reason, "actor": actor.label},
+            }
+            for job in jobs
+            for event_type in event_types(kind, job.state)
+        ]
+    )
+
+
+# What a move of many jobs reads of each: its state, what the timeline, audit and outbox rows say
+# of it, and what launching it needs. The spec and the rest stay in the table.
 BULK_FIELDS = (
     "id",
     "name",
@@ -236,102 +227,93 @@ BULK_FIELDS = (
 )
 
 
+@overload
+def transition(jobs: int, to_state: str, **options: Any) -> Job: ...
+@overload
+def transition(jobs: Sequence[Job], to_state: str, **options: Any) -> list[Job]: ...
+
+
 @transaction.atomic
-def transition_many(
-    jobs: list[Job],
+def transition(
+    jobs: int | Sequence[Job],
     to_state: str,
     *,
     actor: Actor,
     kind: str | None = None,
     reason: str = "",
-    data: dict[int, dict[str, Any]] | None = None,
-) -> list[Job]:
-    """:func:`transition` for many jobs of one organisation at once (admission, preemption):
-    the same rules and the same rows — a timeline event, an audit event and an outbox row per
-    job — written with one lock query and one insert per table instead of several per job."""
-    if not jobs:
+    data: dict[str, Any] | None = None,
+    data_by_job: Mapping[int, dict[str, Any]] | None = None,
+    audit_action: str | None = None,
+    expect_from: frozenset[str] | None = None,
+    mutate: Callable[[Job], None] | None = None,
+) -> Job | list[Job]:
+    """Move one job (given by id; returns it, whole) or many (returns them, with
+    :data:`BULK_FIELDS` loaded) to ``to_state``, or raise :class:`InvalidTransition` and move
+    none.
+
+    ``data`` goes on every job's timeline and audit event, ``data_by_job`` adds to it per job.
+    ``expect_from`` narrows the legal sources further (an approval only moves a job that is
+    waiting for one); ``mutate`` sets other fields on each locked row before it is saved.
+    """
+    one = isinstance(jobs, int)
+    ids = [jobs] if one else [job.pk for job in jobs]
+    if not ids:
         return []
-    data = data or {}
-    kind = kind or to_state
-    locked = list(
-        Job.objects.select_for_update(of=("self",))
-        .select_related("workspace", "organization", "submitted_by")
-        .only(*BULK_FIELDS)
-        .filter(pk__in=[job.pk for job in jobs])
-        .order_by("pk")
+    rows = Job.objects.select_for_update(of=("self",)).select_related(
+        "workspace", "organization", "submitted_by"
     )
-    illegal = [job for job in locked if not is_legal(job.state, to_state)]
-    if illegal or len(locked) != len(jobs):
-        job = illegal[0] if illegal else None
-        raise InvalidTransition(
-            f"job {job.pk if job else '?'} is {job.state if job else 'gone'}; "
-            f"it cannot become {to_state}",
-            errors={"state": ["not every job can make this move"]},
-        )
+    if not one:
+        rows = rows.only(*BULK_FIELDS)
+    locked = list(rows.filter(pk__in=ids).order_by("pk"))
+    if len(locked) != len(ids):
+        missing = sorted(set(ids) - {job.pk for job in locked})
+        raise Job.DoesNotExist(f"no job {missing[0]}")
+    for job in locked:
+        if not is_legal(job.state, to_state) or (expect_from and job.state not in expect_from):
+            raise InvalidTransition(
+                f"job {job.pk} is {job.state}; it cannot become {to_state}",
+                errors={"state": [f"{job.state} → {to_state} is not allowed"]},
+            )
     from_states = {job.pk: job.state for job in locked}
     now = timezone.now()
     fields: dict[str, Any] = {"state": to_state, "updated_at": now}
-    if to_state == S.RUNNING:
+    if to_state == S.QUEUED:
+        fields["queued_at"] = Coalesce(F("queued_at"), Value(now))
+    elif to_state == S.RUNNING:
         fields["started_at"] = Coalesce(F("started_at"), Value(now))
     elif to_state in TERMINAL_STATES:
         fields["finished_at"] = now
-    Job.objects.filter(pk__in=[job.pk for job in locked]).update(**fields)
     for job in locked:
         job.state, job.updated_at = to_state, now
-        if to_state == S.RUNNING:
+        if to_state == S.QUEUED:
+            job.queued_at = job.queued_at or now
+        elif to_state == S.RUNNING:
             job.started_at = job.started_at or now
         elif to_state in TERMINAL_STATES:
             job.finished_at = now
-    copy_insert(
-        JobEvent,
-        (
-            JobEvent(
-                job=job,
-                from_state=from_states[job.pk],
-                to_state=to_state,
-                kind=kind,
-                actor=actor.user,
-                actor_label=actor.label,
-                reason=reason[:1000],
-                data=data.get(job.pk, {}),
-            )
-            for job in locked
-        ),
-    )
-    audit.record_many(
-        actor=actor,
-        organization=locked[0].organization,
-        entries=[
-            {
-                "action": "job.transition",
-                "target": job,
-                "target_repr": f"job {job.pk} {job.name}",
-                "workspace": job.workspace,
-                "changes": {"state": [from_states[job.pk], to_state]},
-                "metadata": {"kind": kind, "reason": reason, **data.get(job.pk, {})},
-            }
-            for job in locked
-        ],
-    )
-    DomainEvent.objects.copy_insert(
-        DomainEvent(
-            type=event_type,
-            organization=job.organization,
-            workspace=job.workspace,
-            payload=json.loads(
-                json.dumps(
-                    {**job_payload(job), "reason": reason, "actor": actor.label}, default=str
-                )
-            ),
-        )
-        for job in locked
-        for event_type in event_types(kind, to_state)
-    )
+    if mutate:  # it may set any field: save each row whole
+        for job in locked:
+            mutate(job)
+            job.save()
+    else:
+        Job.objects.filter(pk__in=ids).update(**fields)
     for job in locked:
         for callback in _in_transaction:
             callback(job, from_states[job.pk])
+    _record(
+        locked,
+        from_states=from_states,
+        kind=kind or to_state,
+        actor=actor,
+        reason=reason,
+        data_by_job={
+            job.pk: {**(data or {}), **(data_by_job or {}).get(job.pk, {})} for job in locked
+        },
+        audit_action=audit_action,
+    )
+    for job in locked:
         run_state_hooks(job)
-    return locked
+    return locked[0] if one else locked
 
 
 def run_state_hooks(job: Job) -> None:

@@ -9,8 +9,9 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from config.celery import send_many
+from packages import services as package_services
 
-from . import execution
+from . import execution, selectors
 
 logger = logging.getLogger(__name__)
 
@@ -91,3 +92,9 @@ def evict_attempt(attempt_id: str) -> None:
 @shared_task(name="manta.jobs.sweep", **DB_RETRY)
 def sweep() -> dict[str, int]:
     return execution.sweep()
+
+
+# The packages' retention sweep runs here: only jobs know which packages a live job still needs.
+@shared_task(name="manta.packages.expire")
+def expire_packages() -> int:
+    return package_services.packages_expire(in_use=selectors.package_in_use)

@@ -1,7 +1,7 @@
 """The dispatcher: from the outbox (and the audit chain) to delivery rows.
 
-Woken once per committed transaction that wrote outbox rows (see ``DomainEventQuerySet``) and by
-the beat sweep, it takes undispatched events in batches with ``FOR UPDATE SKIP LOCKED`` — so any
+Woken once per committed transaction that wrote outbox rows (``outbox.services.event_emit``) and
+by the beat sweep, it takes undispatched events in batches with ``FOR UPDATE SKIP LOCKED`` — so any
 number of dispatchers can run at once without fanning an event out twice — creates one delivery
 per matching enabled endpoint, marks the events dispatched and schedules the email rules, all in
 one transaction. Then the endpoints that got deliveries are drained by delivery tasks.
@@ -21,32 +21,15 @@ from django.utils import timezone
 
 from audit.chain import org_chain
 from audit.models import AuditEvent
+from outbox.models import DomainEvent
 
 from . import emails
 from .events import AUDIT_EVENT
-from .models import DeliveryState, DomainEvent, WebhookDelivery, WebhookEndpoint
+from .models import DeliveryState, WebhookDelivery, WebhookEndpoint
 
 log = logging.getLogger(__name__)
 
 BATCH = 500
-
-
-def dispatch_on_commit() -> None:
-    """Run the dispatcher after the current transaction commits — once per transaction, however
-    many outbox rows it writes (the marker is the connection's list of commit hooks, which
-    Django replaces on every commit and rollback)."""
-    connection = transaction.get_connection()
-    if connection.in_atomic_block:
-        if getattr(connection, "_manta_dispatch_marker", None) is connection.run_on_commit:
-            return
-        connection._manta_dispatch_marker = connection.run_on_commit
-    transaction.on_commit(_send_dispatch, robust=True)
-
-
-def _send_dispatch() -> None:
-    from .tasks import dispatch_events
-
-    dispatch_events.delay()
 
 
 def message_id_for_event(event_id) -> str:

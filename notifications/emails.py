@@ -1,32 +1,38 @@
-"""Email notifications: who hears about what, and each user's opt-outs.
+"""Email notifications: who hears about what, and the tasks that send them.
 
 Three rules: the workspace's approvers when a job waits for approval, the submitter when a job
 fails, the organisation's admins when a webhook endpoint is disabled. Each is a category a user
-can turn off (``notification_preferences`` on ``me/``; absent means on). Emails are sent by a task
-after the commit that decided them, through Django's email backend (console unless configured).
+can turn off (``notification_preferences`` on ``me/``, kept on the user: ``workspaces.models``;
+absent means on). Emails are sent by a task after the commit that decided them, through Django's
+email backend (console unless configured).
+
+The two email tasks live here rather than in ``tasks.py``: the dispatcher and the delivery code,
+which ``tasks.py`` runs, schedule them, so here they sit below both.
 """
 
 from __future__ import annotations
 
+from celery import shared_task
 from django.core.mail import EmailMessage, get_connection
 from django.db import transaction
 from django.db.models import Q
 
-from workspaces.models import OrgMembership, OrgRole, User, WorkspaceMembership
+from outbox.models import DomainEvent
+from workspaces.models import (
+    EMAIL_APPROVAL_REQUESTED,
+    EMAIL_JOB_FAILED,
+    EMAIL_WEBHOOK_DISABLED,
+    OrgMembership,
+    OrgRole,
+    User,
+    WorkspaceMembership,
+)
 from workspaces.roles import WORKSPACE_ROLE_PERMISSIONS, WS_APPROVE_JOB
 
-APPROVAL_REQUESTED = "job_approval_requested"
-JOB_FAILED = "job_failed"
-WEBHOOK_DISABLED = "webhook_disabled"
-
-CATEGORIES: dict[str, str] = {
-    APPROVAL_REQUESTED: "A job in a workspace where you approve jobs waits for approval",
-    JOB_FAILED: "A job you submitted failed",
-    WEBHOOK_DISABLED: "A webhook endpoint of an organisation you administer was disabled",
-}
+from .models import WebhookEndpoint
 
 # Domain event type → email category.
-RULES = {"job.approval_requested": APPROVAL_REQUESTED, "job.failed": JOB_FAILED}
+RULES = {"job.approval_requested": EMAIL_APPROVAL_REQUESTED, "job.failed": EMAIL_JOB_FAILED}
 
 ADMIN_ROLES = (OrgRole.OWNER, OrgRole.ADMIN)
 
@@ -36,15 +42,21 @@ def wants(user: User, category: str) -> bool:
 
 
 def schedule_for_event(event_id) -> None:
-    from .tasks import email_event
-
     transaction.on_commit(lambda: email_event.delay(str(event_id)), robust=True)
 
 
 def schedule_endpoint_disabled(endpoint_id: int) -> None:
-    from .tasks import email_endpoint_disabled
-
     transaction.on_commit(lambda: email_endpoint_disabled.delay(endpoint_id), robust=True)
+
+
+@shared_task(name="manta.notifications.email_event")
+def email_event(event_id: str) -> int:
+    return event_email_send(event_id)
+
+
+@shared_task(name="manta.notifications.email_endpoint_disabled")
+def email_endpoint_disabled(endpoint_id: int) -> int:
+    return endpoint_disabled_email_send(endpoint_id)
 
 
 def approvers(workspace_id: int, organization_id: int) -> list[User]:
@@ -80,8 +92,6 @@ def _send(category: str, users: list[User], subject: str, body: str) -> int:
 
 def event_email_send(event_id: str) -> int:
     """Send the emails a domain event calls for; returns how many were sent."""
-    from .models import DomainEvent
-
     event = (
         DomainEvent.objects.select_related("organization", "workspace").filter(pk=event_id).first()
     )
@@ -102,18 +112,16 @@ def event_email_send(event_id: str) -> int:
             f"Approve or reject it: POST …/workspaces/{event.workspace.slug}/jobs/"
             f"{job.get('id')}/approve/ or …/reject/\n"
         )
-        return _send(APPROVAL_REQUESTED, users, f"[Manta] Approval requested: {title}", body)
+        return _send(EMAIL_APPROVAL_REQUESTED, users, f"[Manta] Approval requested: {title}", body)
     users = list(User.objects.filter(email__iexact=job.get("submitted_by", "")))
     body = (
         f"Your {title} in {where} failed.\n"
         f"Reason: {job.get('failure_reason') or '-'}\n{job.get('message', '')}\n"
     )
-    return _send(JOB_FAILED, users, f"[Manta] Job failed: {title}", body)
+    return _send(EMAIL_JOB_FAILED, users, f"[Manta] Job failed: {title}", body)
 
 
 def endpoint_disabled_email_send(endpoint_id: int) -> int:
-    from .models import WebhookEndpoint
-
     endpoint = (
         WebhookEndpoint.objects.select_related("organization", "workspace")
         .filter(pk=endpoint_id)
@@ -129,4 +137,4 @@ def endpoint_disabled_email_send(endpoint_id: int) -> int:
         " to resume them.\n"
     )
     subject = f"[Manta] Webhook endpoint disabled: {endpoint.url[:80]}"
-    return _send(WEBHOOK_DISABLED, org_admins(endpoint.organization_id), subject, body)
+    return _send(EMAIL_WEBHOOK_DISABLED, org_admins(endpoint.organization_id), subject, body)

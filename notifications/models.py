@@ -1,79 +1,15 @@
-"""Domain events (the outbox) and their delivery to webhook endpoints.
+"""Webhook endpoints and the deliveries of domain events to them.
 
-A :class:`DomainEvent` row is written in the same transaction as the change it describes, so
-nothing is announced that did not commit and nothing that committed is lost. The dispatcher
-(``notifications/dispatch.py``) fans each event out into one :class:`WebhookDelivery` per matching
-endpoint; a delivery row is the truth about one message to one endpoint (state, next attempt,
-lease), and every HTTP attempt it makes is kept as a :class:`WebhookAttempt`.
+The dispatcher (``notifications/dispatch.py``) fans each outbox event (``outbox.DomainEvent``) out
+into one :class:`WebhookDelivery` per matching endpoint; a delivery row is the truth about one
+message to one endpoint (state, next attempt, lease), and every HTTP attempt it makes is kept as
+a :class:`WebhookAttempt`.
 """
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
-
 from django.conf import settings
 from django.db import models
-
-
-class DomainEventQuerySet(models.QuerySet):
-    """Every write to the outbox wakes the dispatcher once its transaction commits — including
-    the admission scheduler's ``bulk_create`` — at the cost of one check per call, not per row."""
-
-    def create(self, **kwargs: Any) -> DomainEvent:
-        event = super().create(**kwargs)
-        _dispatch_soon()
-        return event
-
-    def bulk_create(self, objs, *args: Any, **kwargs: Any) -> list[DomainEvent]:
-        created = super().bulk_create(objs, *args, **kwargs)
-        if created:
-            _dispatch_soon()
-        return created
-
-    def copy_insert(self, objs) -> list[DomainEvent]:
-        """Many rows at once with COPY (the admission pass), waking the dispatcher the same way."""
-        from config.db import copy_insert
-
-        created = copy_insert(self.model, objs)
-        if created:
-            _dispatch_soon()
-        return created
-
-
-def _dispatch_soon() -> None:
-    from .dispatch import dispatch_on_commit  # the dispatcher imports these models
-
-    dispatch_on_commit()
-
-
-class DomainEvent(models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    type = models.CharField(max_length=64)  # job.submitted, job.approved, member.added, …
-    organization = models.ForeignKey(
-        "workspaces.Organization", on_delete=models.PROTECT, related_name="+"
-    )
-    workspace = models.ForeignKey(
-        "workspaces.Workspace", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
-    )
-    occurred_at = models.DateTimeField(auto_now_add=True, db_index=True)
-    payload = models.JSONField(default=dict)
-    dispatched_at = models.DateTimeField(null=True, blank=True)
-
-    objects = DomainEventQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["occurred_at", "id"]
-        indexes = [
-            models.Index(
-                fields=["occurred_at"],
-                condition=models.Q(dispatched_at__isnull=True),
-                name="event_undispatched_idx",
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.type} {self.id}"
 
 
 class WebhookEndpoint(models.Model):
@@ -161,7 +97,7 @@ class WebhookDelivery(models.Model):
         WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
     )
     event = models.ForeignKey(
-        DomainEvent, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        "outbox.DomainEvent", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     audit_event = models.ForeignKey(
         "audit.AuditEvent", null=True, blank=True, on_delete=models.PROTECT, related_name="+"

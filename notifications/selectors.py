@@ -5,9 +5,8 @@ from __future__ import annotations
 from django.db.models import Prefetch, Q, QuerySet
 from django.utils import timezone
 
-from workspaces.models import Organization, User, Workspace
+from workspaces.models import Organization, Workspace
 
-from . import emails
 from .models import DeliveryState, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 
@@ -49,9 +48,3 @@ def endpoints_due() -> list[int]:
         .distinct()
         .order_by("endpoint_id")
     )
-
-
-def notification_preferences_of(user: User) -> dict[str, bool]:
-    """Every email category and whether ``user`` gets it (absent from the stored dict = on)."""
-    stored = user.notification_preferences or {}
-    return {category: bool(stored.get(category, True)) for category in emails.CATEGORIES}

@@ -1,13 +1,10 @@
-"""Every write of events, webhook endpoints and notification preferences.
-
-Callers of :func:`event_emit` are inside the transaction of the change. The webhook services
-validate, change rows, record their audit event and schedule delivery work on commit.
+"""Every write of webhook endpoints and deliveries: validate, change rows, record the audit
+event and schedule delivery work on commit. (Domain events are written by ``outbox.services``.)
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import uuid
 from typing import Any
 
@@ -21,32 +18,20 @@ from audit.context import Actor
 from config import secrets as secrets_box
 from config.errors import Conflict, InvalidInput
 from workspaces.archive import require_active
-from workspaces.models import Organization, User, Workspace
+from workspaces.models import Organization, Workspace
 
-from . import emails, selectors, signing, ssrf
+from . import signing, ssrf
 from .dispatch import audit_head
 from .events import AUDIT_EVENT, ORG_ONLY, PING, SUBSCRIBABLE
 from .models import (
     DeliveryState,
-    DomainEvent,
     WebhookDelivery,
     WebhookEndpoint,
     WebhookSecret,
 )
+from .tasks import deliver
 
 MAX_GRACE_SECONDS = 7 * 86400
-
-
-def event_emit(
-    *, type: str, organization: Any, workspace: Any = None, payload: dict[str, Any]
-) -> DomainEvent:
-    """Append a domain event to the outbox (in the caller's transaction)."""
-    return DomainEvent.objects.create(
-        type=type,
-        organization=organization,
-        workspace=workspace,
-        payload=json.loads(json.dumps(payload, default=str)),
-    )
 
 
 # --- endpoints ---------------------------------------------------------------------------------
@@ -276,36 +261,4 @@ def delivery_redeliver(*, actor: Actor, delivery: WebhookDelivery) -> WebhookDel
 
 
 def _deliver_on_commit(endpoint_id: int) -> None:
-    from .tasks import deliver
-
     transaction.on_commit(lambda: deliver.delay(endpoint_id), robust=True)
-
-
-# --- notification preferences ------------------------------------------------------------------
-
-
-@transaction.atomic
-def notification_preferences_update(
-    *, actor: Actor, user: User, preferences: dict[str, bool]
-) -> dict[str, bool]:
-    """Turn email categories on or off for ``user``; returns every category's setting."""
-    unknown = [key for key in preferences if key not in emails.CATEGORIES]
-    if unknown:
-        raise InvalidInput.on(
-            f"notification_preferences.{unknown[0]}",
-            f"unknown category; choose from {', '.join(emails.CATEGORIES)}",
-        )
-    user = User.objects.select_for_update().get(pk=user.pk)
-    current = selectors.notification_preferences_of(user)
-    merged = {**current, **{key: bool(value) for key, value in preferences.items()}}
-    changes = {k: [current[k], merged[k]] for k in merged if current[k] != merged[k]}
-    if changes:
-        user.notification_preferences = merged
-        user.save(update_fields=["notification_preferences"])
-        audit.record(
-            actor=actor,
-            action="user.notification_preferences",
-            target=user,
-            changes={"notification_preferences": [current, merged]},
-        )
-    return merged

@@ -1,4 +1,7 @@
-"""Celery entry points: thin, named, taking ids, safe to run twice (the rows are the truth)."""
+"""Celery entry points: thin, named, taking ids, safe to run twice (the rows are the truth).
+
+The email tasks are in ``emails.py``, below the code that schedules them.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +9,19 @@ from celery import shared_task
 from django.utils import timezone
 
 from config.celery import send_many
+from outbox.services import DISPATCH_TASK
 
-from . import delivery, dispatch, emails, selectors
+from . import delivery, dispatch, selectors
 
 # A retry due within this many seconds is scheduled as a delayed task; later ones are found by
 # the sweep (so the broker never holds long countdowns).
 FOLLOW_UP_WITHIN = 60.0
 
 
-@shared_task(name="manta.notifications.dispatch")
+@shared_task(name=DISPATCH_TASK)
 def dispatch_events() -> int:
-    """Fan undispatched events (and new audit events) out, then drain the endpoints that got
-    deliveries."""
+    """Woken by the outbox: fan undispatched events (and new audit events) out, then drain the
+    endpoints that got deliveries."""
     touched = dispatch.events_dispatch() | dispatch.audit_dispatch()
     send_many(deliver, [(pk,) for pk in sorted(touched)])
     return len(touched)
@@ -41,13 +45,3 @@ def sweep() -> int:
     due = sorted(touched | set(selectors.endpoints_due()))
     send_many(deliver, [(pk,) for pk in due])
     return len(due)
-
-
-@shared_task(name="manta.notifications.email_event")
-def email_event(event_id: str) -> int:
-    return emails.event_email_send(event_id)
-
-
-@shared_task(name="manta.notifications.email_endpoint_disabled")
-def email_endpoint_disabled(endpoint_id: int) -> int:
-    return emails.endpoint_disabled_email_send(endpoint_id)

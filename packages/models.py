@@ -4,6 +4,8 @@ The bytes are stored once per content (``sha256``) in the ``packages`` storage; 
 that a workspace holds that content, so a job can only use code uploaded to its own workspace.
 """
 
+import re
+
 from django.conf import settings
 from django.db import models
 
@@ -36,6 +38,14 @@ class CodePackage(models.Model):
 
 
 URI_PREFIX = "manta://packages/"
+
+# A git branch, tag or commit a job may name: what ``git check-ref-format`` accepts, in a
+# narrower alphabet, and never an option (a leading '-'). Checked when a job is submitted
+# (jobs/spec.py) and again before the worker hands it to git (packages/sources.py).
+GIT_REF = re.compile(
+    r"^(?!-)(?!/)(?!.*\.\.)(?!.*//)(?!.*@\{)(?!.*\.lock$)(?!.*[/.]$)[A-Za-z0-9._/+-]+$"
+)
+MAX_REF = 255
 
 
 class CodeSource(models.Model):

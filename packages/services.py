@@ -16,6 +16,7 @@ import stat
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from typing import BinaryIO
 
 from django.conf import settings
@@ -256,24 +257,18 @@ def download_open(token: str, *, now: float | None = None):
     return storage().open(name, "rb")
 
 
-def packages_expire(now: dt.datetime | None = None) -> int:
-    """Delete packages no job used for MANTA_PACKAGE_RETENTION_DAYS, and the stored content no
-    workspace holds any more. Returns how many packages were deleted."""
-    from jobs.models import TERMINAL_STATES, Job
-
+def packages_expire(
+    *, in_use: Callable[[CodePackage], bool], now: dt.datetime | None = None
+) -> int:
+    """Delete the packages no job used for MANTA_PACKAGE_RETENTION_DAYS — except those a job that
+    has not ended still runs, which ``in_use`` tells (jobs know: ``jobs.selectors``) — and the
+    stored content no workspace holds any more. Returns how many packages were deleted."""
     now = now or timezone.now()
     cutoff = now - dt.timedelta(days=settings.MANTA_PACKAGE_RETENTION_DAYS)
     stale = CodePackage.objects.filter(last_used_at__lt=cutoff)
     deleted = 0
     for package in stale:
-        in_use = (
-            Job.objects.filter(
-                workspace_id=package.workspace_id, spec__runtime_env__working_dir=package.uri
-            )
-            .exclude(state__in=TERMINAL_STATES)
-            .exists()
-        )
-        if in_use:
+        if in_use(package):
             continue
         package.delete()
         deleted += 1

@@ -29,18 +29,13 @@ from audit.context import Actor
 from config import secrets as secrets_box
 from config import ssrf
 from config.errors import Conflict, DomainError, InvalidInput
-from jobs import spec as job_spec
 from workspaces.archive import require_active
 from workspaces.models import Workspace
 
-from .models import CodePackage, CodeSource
+from .models import GIT_REF, MAX_REF, CodePackage, CodeSource
 from .services import package_store
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
-# A branch, a tag or a commit: what ``git check-ref-format`` accepts, in a narrower alphabet, and
-# never an option (a leading '-').
-REF = job_spec.GIT_REF
-MAX_REF = job_spec.MAX_REF
 MAX_KEY = 16 * 1024
 NOBODY = 65534
 
@@ -50,7 +45,7 @@ class CodeUnavailable(DomainError):
 
 
 def check_ref(value: Any, *, field: str = "ref") -> str:
-    if not isinstance(value, str) or not value or len(value) > MAX_REF or not REF.match(value):
+    if not isinstance(value, str) or not value or len(value) > MAX_REF or not GIT_REF.match(value):
         raise InvalidInput.on(
             field,
             "must be a branch, a tag or a commit sha (letters, digits and . _ / + -, at most "

@@ -13,6 +13,7 @@ from rest_framework import status
 from audit import services as audit
 from audit.context import Actor
 from config.errors import DomainError, InvalidInput
+from outbox.services import event_emit
 from workspaces.archive import require_active
 
 from .models import RESOURCES, OrgQuota, Reservation, WorkspaceQuota
@@ -268,8 +269,6 @@ THRESHOLDS = (80, 100)
 
 def budget_alerts() -> int:
     """Emit ``quota.threshold_reached`` once per workspace, month and threshold crossed."""
-    from notifications.services import event_emit
-
     from .models import BudgetAlert
 
     period = month_start()

@@ -52,7 +52,7 @@ def choose_isolation() -> str:
     chosen = os.environ.get("MANTA_LOCAL_ISOLATION")
     if not chosen:
         sys.path.insert(0, str(ROOT))
-        from jobs.launchers.sandbox import SandboxSettings, host_support
+        from jobs.launchers.local.isolation import SandboxSettings, host_support
 
         problems = host_support(SandboxSettings())
         chosen = "off" if problems else "sandbox"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -35,7 +38,7 @@ class Repository:
         self.daemon = subprocess.Popen(
             ["git", "daemon", "--reuseaddr", "--listen=127.0.0.1", f"--port={self.port}",
              f"--base-path={self.served}", "--export-all", str(self.served)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -58,5 +61,7 @@ class Repository:
         return git("rev-parse", "HEAD", cwd=self.work).strip()
 
     def stop(self) -> None:
-        self.daemon.kill()
+        # `git daemon` runs git-daemon as a child: end the whole group it leads.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.daemon.pid, signal.SIGKILL)
         self.daemon.wait()

@@ -1,6 +1,7 @@
 """The admin panel, for org owners and admins: each sees and edits only the organisations they
 administer. Every write goes through the same services as the API, so it is validated and audited
-the same way (the actor is the admin's user)."""
+the same way (the actor is the admin's user). The audit log is listed here too (audit sits below
+workspaces, so its page is registered beside the org scoping it needs)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 
 from audit.context import Actor
+from audit.models import AuditEvent
 from config.errors import DomainError
 
 from . import services
@@ -201,3 +203,15 @@ class OrgMembershipAdmin(OrgScopedAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(ReadOnlyAdmin):
+    """Read-only: the audit log is append-only everywhere, the panel included."""
+
+    list_display = ["occurred_at", "action", "actor_label", "target_type", "target_repr",
+                    "workspace", "request_id"]  # fmt: skip
+    list_filter = ["action", "actor_type"]
+    search_fields = ["action", "actor_label", "target_repr", "request_id"]
+    date_hierarchy = "occurred_at"
+    list_select_related = ["workspace", "organization"]

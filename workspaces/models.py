@@ -62,6 +62,18 @@ class UserManager(BaseUserManager["User"]):
         return self.create_user(email, password, **extra)
 
 
+# The emails a user can turn off (notifications/emails.py sends them): the keys of
+# ``User.notification_preferences``, where an absent key means on.
+EMAIL_APPROVAL_REQUESTED = "job_approval_requested"
+EMAIL_JOB_FAILED = "job_failed"
+EMAIL_WEBHOOK_DISABLED = "webhook_disabled"
+EMAIL_CATEGORIES: dict[str, str] = {
+    EMAIL_APPROVAL_REQUESTED: "A job in a workspace where you approve jobs waits for approval",
+    EMAIL_JOB_FAILED: "A job you submitted failed",
+    EMAIL_WEBHOOK_DISABLED: "A webhook endpoint of an organisation you administer was disabled",
+}
+
+
 class User(AbstractBaseUser, PermissionsMixin):
     """A person. The email is the login; it is stored lower-cased."""
 

@@ -6,7 +6,15 @@ from django.contrib.contenttypes.models import ContentType
 from django.db.models import QuerySet
 from guardian.models import GroupObjectPermission
 
-from .models import ApiToken, Organization, OrgMembership, User, Workspace, WorkspaceMembership
+from .models import (
+    EMAIL_CATEGORIES,
+    ApiToken,
+    Organization,
+    OrgMembership,
+    User,
+    Workspace,
+    WorkspaceMembership,
+)
 from .roles import (
     CODENAMES,
     ORG_ROLE_PERMISSIONS,
@@ -77,3 +85,9 @@ def org_users(organization: Organization) -> QuerySet[OrgMembership]:
 
 def tokens_of(user: User) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(user=user).order_by("id")
+
+
+def notification_preferences_of(user: User) -> dict[str, bool]:
+    """Every email category and whether ``user`` gets it (absent from the stored dict = on)."""
+    stored = user.notification_preferences or {}
+    return {category: bool(stored.get(category, True)) for category in EMAIL_CATEGORIES}

@@ -19,11 +19,12 @@ from audit import services as audit
 from audit.context import Actor
 from config import secrets as secrets_box
 from config.errors import Conflict, Forbidden, InvalidInput, clean_or_raise
-from notifications.services import event_emit
+from outbox.services import event_emit
 
-from . import roles
+from . import roles, selectors
 from .archive import require_active
 from .models import (
+    EMAIL_CATEGORIES,
     ApiToken,
     ComputeTarget,
     Organization,
@@ -161,6 +162,33 @@ def _is_owner(actor: Actor, organization: Organization) -> bool:
     return OrgMembership.objects.filter(
         organization=organization, user_id=actor.user_id, role=OrgRole.OWNER
     ).exists()
+
+
+@transaction.atomic
+def notification_preferences_update(
+    *, actor: Actor, user: User, preferences: dict[str, bool]
+) -> dict[str, bool]:
+    """Turn email categories on or off for ``user``; returns every category's setting."""
+    unknown = [key for key in preferences if key not in EMAIL_CATEGORIES]
+    if unknown:
+        raise InvalidInput.on(
+            f"notification_preferences.{unknown[0]}",
+            f"unknown category; choose from {', '.join(EMAIL_CATEGORIES)}",
+        )
+    user = User.objects.select_for_update().get(pk=user.pk)
+    current = selectors.notification_preferences_of(user)
+    merged = {**current, **{key: bool(value) for key, value in preferences.items()}}
+    changes = {k: [current[k], merged[k]] for k in merged if current[k] != merged[k]}
+    if changes:
+        user.notification_preferences = merged
+        user.save(update_fields=["notification_preferences"])
+        audit.record(
+            actor=actor,
+            action="user.notification_preferences",
+            target=user,
+            changes={"notification_preferences": [current, merged]},
+        )
+    return merged
 
 
 # --- API tokens --------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def test_everything_killed_at_once_recovers_every_job(
     world = build_world()
     dev, admin = world.tokens["developer"], world.tokens["ws_admin"]
     policy = {"approval_policy": "threshold", "approval_thresholds": {"memory_gb": 2.5}}
-    call(api, admin, "PATCH", WS, policy, expect=200)
+    call(api, world.tokens["org_admin"], "PATCH", WS, policy, expect=200)  # the org's setting
 
     def template(entrypoint: str, memory_gb: float = 1) -> int:
         body = {

@@ -13,7 +13,7 @@ import pytest
 from audit.context import Actor
 from jobs.execution import job_logs
 from jobs.models import Job, JobAttempt, JobEvent
-from notifications.models import DomainEvent
+from outbox.models import DomainEvent
 from quotas.models import Reservation
 from quotas.services import reconcile
 from tests.e2e.test_launch import (

@@ -14,6 +14,7 @@ from django.db import connection, transaction
 from audit.context import Actor
 from notifications import services
 from notifications.models import WebhookAttempt, WebhookDelivery
+from outbox import services as outbox
 from tests.conftest import build_world
 from tests.e2e.conftest import start_worker
 from tests.notifications.conftest import Receiver, verify
@@ -67,7 +68,7 @@ def wait_for(predicate, timeout: float, what: str):
 
 def emit_committed(world, type_: str = "job.succeeded"):
     with transaction.atomic():  # the dispatcher is woken when this commits
-        return services.event_emit(
+        return outbox.event_emit(
             type=type_,
             organization=world.org,
             workspace=world.ws,

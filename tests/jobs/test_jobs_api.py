@@ -2,7 +2,7 @@ import pytest
 
 from audit.models import AuditEvent
 from jobs.models import Job
-from notifications.models import DomainEvent
+from outbox.models import DomainEvent
 from tests.jobs.conftest import submit
 
 JOBS = "/api/v1/orgs/acme/workspaces/ml/jobs/"

@@ -7,7 +7,7 @@ import pytest
 from audit.models import AuditEvent
 from jobs.models import Job, JobEvent, JobState
 from jobs.state import TRANSITIONS, InvalidTransition, transition
-from notifications.models import DomainEvent
+from outbox.models import DomainEvent
 from tests.conftest import SYSTEM
 from tests.jobs.conftest import submit
 

@@ -16,6 +16,7 @@ import pytest
 
 from audit.context import Actor
 from notifications import delivery, dispatch, selectors, services
+from outbox import services as outbox
 
 
 @pytest.fixture(autouse=True)
@@ -158,7 +159,7 @@ def make_endpoint(world, url: str, *, org_level: bool = False, event_types=("*",
 
 
 def emit(world, type_: str = "job.succeeded", workspace="default", **payload):
-    return services.event_emit(
+    return outbox.event_emit(
         type=type_,
         organization=world.org,
         workspace=world.ws if workspace == "default" else workspace,

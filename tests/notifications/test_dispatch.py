@@ -7,7 +7,9 @@ from unittest import mock
 
 from audit.context import Actor
 from notifications import dispatch
-from notifications.models import DomainEvent, WebhookDelivery
+from notifications.models import WebhookDelivery
+from outbox import services as outbox
+from outbox.models import DomainEvent
 from tests.conftest import SYSTEM, make_user
 from workspaces import services as ws_services
 
@@ -57,16 +59,14 @@ def test_bulk_outbox_rows_are_dispatched_and_wake_the_dispatcher_once(
     world, receiver, django_capture_on_commit_callbacks
 ):
     make_endpoint(world, receiver.url())
+    entry = {"type": "job.launching", "organization": world.org, "workspace": world.ws}
     with (
-        mock.patch("notifications.tasks.dispatch_events.delay") as delay,
+        mock.patch("notifications.tasks.dispatch_events.apply_async") as send,
         django_capture_on_commit_callbacks(execute=True) as callbacks,
     ):
-        DomainEvent.objects.bulk_create(
-            DomainEvent(type="job.launching", organization=world.org, workspace=world.ws)
-            for _ in range(50)
-        )
+        outbox.event_emit_many(entries=[{**entry, "payload": {}} for _ in range(50)])
         emit(world, "job.running")
-    assert len(callbacks) == 1 and delay.call_count == 1
+    assert len(callbacks) == 1 and send.call_count == 1
     pump()
     assert len(receiver.requests) == 51
     assert {r.json["type"] for r in receiver.requests} == {"job.launching", "job.running"}

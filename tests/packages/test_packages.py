@@ -19,6 +19,7 @@ from audit.context import Actor
 from jobs import execution
 from jobs import services as job_services
 from jobs.models import Job, JobAttempt
+from jobs.selectors import package_in_use
 from packages import services
 from packages.models import CodePackage
 from tests.conftest import SYSTEM
@@ -169,9 +170,9 @@ def test_jobs_run_packages_of_their_own_workspace_only(world, template):
 def test_packages_no_job_used_for_the_retention_period_expire(world, package_store, settings):
     sha = upload(world, CODE).json()["sha256"]
     now = timezone.now()
-    assert services.packages_expire(now) == 0
+    assert services.packages_expire(now=now, in_use=package_in_use) == 0
     later = now + dt.timedelta(days=settings.MANTA_PACKAGE_RETENTION_DAYS + 1)
-    assert services.packages_expire(later) == 1
+    assert services.packages_expire(now=later, in_use=package_in_use) == 1
     assert not CodePackage.objects.filter(sha256=sha).exists() and blobs(package_store) == []
     assert not storages["packages"].exists(services.blob_name(sha))
 

@@ -6,7 +6,7 @@ import datetime as dt
 from django.utils import timezone
 
 from jobs.models import Job, JobAttempt
-from notifications.models import DomainEvent
+from outbox.models import DomainEvent
 from quotas import scheduler, services
 from quotas.models import WorkspaceQuota
 

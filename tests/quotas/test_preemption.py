@@ -10,7 +10,7 @@ from django.utils import timezone
 from jobs import execution
 from jobs import services as job_services
 from jobs.models import Job, JobAttempt, JobEvent
-from notifications.models import DomainEvent
+from outbox.models import DomainEvent
 from quotas import scheduler
 from quotas.models import Reservation, WorkspaceQuota
 from quotas.services import reconcile

@@ -5,9 +5,9 @@ from rest_framework import serializers
 
 from config import ssrf
 from config.strict import StrictSerializer, unknown_errors
-from notifications.emails import CATEGORIES as EMAIL_CATEGORIES
 from workspaces import kubeconfig
 from workspaces.models import (
+    EMAIL_CATEGORIES,
     ApiToken,
     ApprovalPolicy,
     ComputeTarget,

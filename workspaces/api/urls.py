@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import invitations, views
+from . import audit, invitations, views
 
 ORG = "orgs/<slug:org>/"
 WS = ORG + "workspaces/<slug:ws>/"
@@ -22,6 +22,9 @@ urlpatterns = [
         ),
     ),
     path(ORG + "users/", views.OrgUserViewSet.as_view({"get": "list"})),
+    path(ORG + "audit-events/", audit.AuditEventViewSet.as_view({"get": "list"})),
+    path(ORG + "audit-events/verify/", audit.AuditEventViewSet.as_view({"get": "verify"})),
+    path(ORG + "audit-events/export/", audit.AuditEventViewSet.as_view({"get": "export"})),
     path(
         ORG + "invitations/",
         invitations.InvitationViewSet.as_view({"get": "list", "post": "create"}),

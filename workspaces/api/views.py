@@ -16,8 +16,6 @@ from config.throttles import (
     ThrottledViewMixin,
     TokenIssueThrottle,
 )
-from notifications import selectors as notification_selectors
-from notifications import services as notification_services
 from workspaces import roles, selectors, services
 from workspaces.models import (
     ApiToken,
@@ -125,7 +123,7 @@ class MeView(APIView):
         data = s.MeUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
         if "notification_preferences" in data.validated_data:
-            notification_services.notification_preferences_update(
+            services.notification_preferences_update(
                 actor=Actor.from_request(request),
                 user=request.user,
                 preferences=data.validated_data["notification_preferences"],
@@ -143,7 +141,7 @@ class MeView(APIView):
                 {"slug": m.organization.slug, "name": m.organization.name, "role": m.role}
                 for m in memberships.order_by("organization_id")
             ],
-            "notification_preferences": notification_selectors.notification_preferences_of(user),
+            "notification_preferences": selectors.notification_preferences_of(user),
         }
         return s.MeOutput(body).data
 

@@ -1,3 +1,6 @@
+"""``manage.py audit_verify [--org SLUG]``. Here rather than in ``audit/``: it finds an
+organisation by its slug, and audit sits below workspaces."""
+
 from django.core.management.base import BaseCommand, CommandError
 
 from audit.chain import org_chain, verify_chain

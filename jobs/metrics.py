@@ -1,15 +1,21 @@
 """``/metrics`` in the Prometheus text format: job counts by state and the admission invariants'
-drift (all zero when quotas hold). Aggregates only, no tenant names."""
+drift (all zero when quotas hold). Aggregates only, no tenant names.
+
+Here, at the top of the apps, because it reads jobs and quotas; the root URLconf
+(``config/urls.py``) includes it by name, so ``config`` imports no app.
+"""
 
 from django.db.models import Count
 from django.http import HttpResponse
+from django.urls import path
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+
+from quotas.services import reconcile
+
+from .models import Job, JobState
 
 
 def metrics(request):
-    from jobs.models import Job, JobState
-    from quotas.services import reconcile
-
     registry = CollectorRegistry()
     jobs = Gauge("manta_jobs", "Jobs by state", ["state"], registry=registry)
     counts = dict(Job.objects.order_by().values_list("state").annotate(n=Count("id")))
@@ -24,3 +30,6 @@ def metrics(request):
     for kind, value in reconcile().items():
         drift.labels(kind=kind).set(value)
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+
+urlpatterns = [path("metrics", metrics)]

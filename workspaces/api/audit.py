@@ -1,3 +1,9 @@
+"""The organisation's audit log over HTTP: list, export and verify (org owners and admins).
+
+Here rather than in ``audit/``: the tenant base view it stands on is workspaces', and audit sits
+below workspaces.
+"""
+
 import csv
 import io
 import json
@@ -18,7 +24,7 @@ from workspaces.api.tenancy import TenantViewSet
 
 
 class AuditEventOutput(serializers.ModelSerializer):
-    workspace = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    workspace = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
     actor = serializers.SerializerMethodField()
     target = serializers.SerializerMethodField()
 
