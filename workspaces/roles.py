@@ -65,3 +65,6 @@ ORG_ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
 
 # Org roles that act as workspace admin everywhere in their org.
 ORG_ROLES_ADMINISTERING_WORKSPACES = frozenset({OrgRole.OWNER, OrgRole.ADMIN})
+
+# Every permission a view may name.
+ALL_PERMISSIONS = frozenset(CODENAMES) | _ORG_ADMIN

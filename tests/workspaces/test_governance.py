@@ -188,3 +188,11 @@ def test_a_password_like_the_email_is_refused(world):
     response = Client().post("/api/v1/invitations/accept/", body, content_type="application/json")
     assert response.status_code == 400
     assert "similar" in response.json()["errors"]["password"][0]
+
+
+@pytest.mark.parametrize("permission", [None, "", "workspace.veiw"])
+def test_a_view_must_name_a_permission_for_every_action(permission):
+    from workspaces.api.tenancy import WorkspaceViewSet
+
+    with pytest.raises(TypeError, match="permission_map names no permission"):
+        type("Careless", (WorkspaceViewSet,), {"permission_map": {"list": permission}})

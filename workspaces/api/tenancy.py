@@ -17,7 +17,7 @@ from rest_framework.permissions import SAFE_METHODS
 
 from audit.context import Actor
 from config import strict
-from workspaces import selectors
+from workspaces import roles, selectors
 from workspaces.archive import require_active
 from workspaces.models import Organization, OrgMembership, Workspace
 
@@ -28,7 +28,7 @@ class TenantViewSetMixin:
     """Org-scoped. ``permission_map`` maps a viewset action (or an HTTP method, lower-case) to the
     org or workspace permission it needs; an action missing from the map is refused."""
 
-    permission_map: dict[str, str | None] = {}
+    permission_map: dict[str, str] = {}
 
     organization: Organization
     org_membership: OrgMembership
@@ -38,6 +38,15 @@ class TenantViewSetMixin:
         super().__init_subclass__(**kwargs)
         if "get_queryset" in cls.__dict__:
             raise TypeError(f"{cls.__name__}: implement scoped_queryset(), not get_queryset()")
+        # Every action names the permission it needs: no entry means "refused", and there is no
+        # value meaning "membership is enough" (name roles.WS_VIEW or roles.ORG_VIEW for that).
+        unknown = {
+            action: permission
+            for action, permission in cls.permission_map.items()
+            if permission not in roles.ALL_PERMISSIONS
+        }
+        if unknown:
+            raise TypeError(f"{cls.__name__}: permission_map names no permission: {unknown}")
 
     # --- resolution ---------------------------------------------------------------------------
 
@@ -58,7 +67,7 @@ class TenantViewSetMixin:
     def held_permissions(self) -> frozenset[str]:
         return self.org_perms
 
-    def required_permission(self) -> str | None:
+    def required_permission(self) -> str:
         key = getattr(self, "action", None) or self.request.method.lower()
         if key not in self.permission_map:
             key = self.request.method.lower()
@@ -68,7 +77,7 @@ class TenantViewSetMixin:
 
     def check_action_permission(self) -> None:
         required = self.required_permission()
-        if required and required not in self.held_permissions():
+        if required not in self.held_permissions():
             raise exceptions.PermissionDenied(f"This action needs the {required!r} permission.")
 
     def has_perm(self, permission: str) -> bool:
