@@ -22,7 +22,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from rest_framework import serializers
 
 from config.strict import StrictSerializer
-from packages.models import GIT_REF, MAX_REF
+from packages.models import GIT_REF, GIT_REF_RULE, MAX_REF
 
 MAX_CPU = 512
 MAX_MEMORY_GB = 4096
@@ -217,10 +217,7 @@ class CodeSpec(StrictSerializer):
 
     def validate_ref(self, value: str) -> str:
         if not GIT_REF.match(value):
-            raise serializers.ValidationError(
-                "must be a branch, a tag or a commit sha (letters, digits and . _ / + -, not "
-                "starting with '-' or '/', without '..', '//' or '@{')"
-            )
+            raise serializers.ValidationError(GIT_REF_RULE)
         return value
 
 

@@ -46,6 +46,10 @@ GIT_REF = re.compile(
     r"^(?!-)(?!/)(?!.*\.\.)(?!.*//)(?!.*@\{)(?!.*\.lock$)(?!.*[/.]$)[A-Za-z0-9._/+-]+$"
 )
 MAX_REF = 255
+GIT_REF_RULE = (
+    "must be a branch, a tag or a commit sha (letters, digits and . _ / + -, at most "
+    f"{MAX_REF} characters, not starting with '-' or '/', without '..', '//' or '@{{')"
+)
 
 
 class CodeSource(models.Model):

@@ -32,7 +32,7 @@ from config.errors import Conflict, DomainError, InvalidInput
 from workspaces.archive import require_active
 from workspaces.models import Workspace
 
-from .models import GIT_REF, MAX_REF, CodePackage, CodeSource
+from .models import GIT_REF, GIT_REF_RULE, MAX_REF, CodePackage, CodeSource
 from .services import package_store
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -46,11 +46,7 @@ class CodeUnavailable(DomainError):
 
 def check_ref(value: Any, *, field: str = "ref") -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_REF or not GIT_REF.match(value):
-        raise InvalidInput.on(
-            field,
-            "must be a branch, a tag or a commit sha (letters, digits and . _ / + -, at most "
-            f"{MAX_REF} characters, not starting with '-' or '/', without '..', '//' or '@{{')",
-        )
+        raise InvalidInput.on(field, GIT_REF_RULE)
     return value
 
 

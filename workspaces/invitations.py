@@ -10,7 +10,6 @@ which emails have accounts.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import secrets
 from typing import Any
 
@@ -24,15 +23,11 @@ from audit.context import Actor
 from config.errors import Forbidden, InvalidCredentials, InvalidInput
 
 from .models import Invitation, Organization, OrgMembership, OrgRole, User
-from .services import _check_password, _is_owner, _sync_staff
+from .services import _check_password, _is_owner, _sync_staff, token_hash
 
 TOKEN_PREFIX = "inv_"
 # The same refusal for an unknown, used, revoked or expired token.
 NOT_VALID = "this invitation is not valid: unknown, already used, revoked or expired"
-
-
-def _hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 @transaction.atomic
@@ -55,7 +50,7 @@ def invitation_create(
         organization=organization,
         email=email,
         org_role=org_role,
-        token_hash=_hash(token),
+        token_hash=token_hash(token),
         invited_by=actor.user,
         expires_at=now + dt.timedelta(days=settings.MANTA_INVITATION_DAYS),
     )
@@ -108,7 +103,7 @@ def invitation_accept(
     invitation = (
         Invitation.objects.select_for_update()
         .select_related("organization")
-        .filter(token_hash=_hash(token), accepted_at=None, revoked_at=None)
+        .filter(token_hash=token_hash(token), accepted_at=None, revoked_at=None)
         .first()
     )
     if invitation is None or invitation.expires_at <= timezone.now():

@@ -257,3 +257,11 @@ def test_a_fetched_package_and_a_source_nobody_made_name_no_user_as_the_schema_s
     schemas = load_schema()["components"]["schemas"]
     assert schemas["CodeSourceOutput"]["properties"]["created_by"]["nullable"] is True
     assert schemas["PackageOutput"]["properties"]["uploaded_by"]["nullable"] is True
+
+
+def test_oversized_refs_and_known_hosts_are_refused(world, repo):
+    assert "255 characters" in refused(
+        world, {"url": repo.url, "default_ref": "a" * 256}, field="default_ref"
+    )
+    too_long = "github.com ssh-ed25519 " + "A" * 17000
+    assert "at most" in refused(world, {"url": repo.url, "known_hosts": too_long}, "known_hosts")
