@@ -99,13 +99,13 @@ def finish(job_ids: list[int]) -> None:
 
 
 def measure(queued: int, to_admit: int) -> tuple[float, int]:
-    from quotas import scheduler
+    from jobs import admission
 
     org = build(queued)
     elapsed, admitted = 0.0, 0
     while admitted < to_admit:
         started = time.perf_counter()
-        ids = scheduler.admit(org.pk)
+        ids = admission.admit(org.pk)
         elapsed += time.perf_counter() - started
         if not ids:
             raise RuntimeError("a pass admitted nothing")

@@ -277,7 +277,7 @@ else:
     }
 CACHES = {"default": {"KEY_PREFIX": "manta", **_cache}}
 
-# Running jobs (jobs/execution.py).
+# Running jobs (jobs/attempts.py).
 MANTA_LOCAL_RAY_DIR = env.str("MANTA_LOCAL_RAY_DIR", default="/tmp/manta-ray")
 MANTA_FOLLOW_INTERVAL_SECONDS = env.float("MANTA_FOLLOW_INTERVAL_SECONDS", default=1.0)
 MANTA_HEARTBEAT_STALE_SECONDS = env.float("MANTA_HEARTBEAT_STALE_SECONDS", default=30.0)

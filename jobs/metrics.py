@@ -10,8 +10,7 @@ from django.http import HttpResponse
 from django.urls import path
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
-from quotas.services import reconcile
-
+from .accounting import reconcile
 from .models import Job, JobState
 
 

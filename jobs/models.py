@@ -151,6 +151,14 @@ class Job(models.Model):
         }
 
     @property
+    def max_runtime_seconds(self) -> int:
+        """The spec's runtime limit; admission's queue scan reads it alone, as an annotation
+        (``scanned_max_runtime``), instead of loading each queued job's spec."""
+        if "scanned_max_runtime" in self.__dict__:
+            return self.__dict__["scanned_max_runtime"] or 0
+        return self.spec.get("max_runtime_seconds", 0)
+
+    @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 

@@ -18,11 +18,11 @@ from packages.services import download_urls_available as package_download_availa
 from packages.services import package_require
 from packages.services import sha_of as package_sha
 from packages.sources import source_require
-from quotas.services import check_submission
 from workspaces.archive import require_active
 from workspaces.models import ApprovalPolicy, ComputeTarget, ComputeTargetKind, Workspace
 
 from . import spec as job_spec
+from .admission import check_submission
 from .local_host import capacity as host_capacity
 from .local_host import targets_host
 from .models import Job, JobState, JobTemplate, JobTemplateVersion

@@ -11,8 +11,9 @@
 Every change goes through :func:`transition`, for one job or many: it locks the job rows (so two
 writers serialise instead of racing a read-then-write), refuses an illegal move with 409
 ``invalid_transition``, and appends a JobEvent, records the audit event and emits the domain
-events of each job — in one transaction, with one write per table however many jobs move (an
-admission pass moves hundreds at once).
+events of each job, and releases the quota reservations of jobs leaving ``launching``/``running``
+— in one transaction, with one write per table however many jobs move (an admission pass moves
+hundreds at once).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from audit.context import Actor
 from config.db import copy_insert
 from config.errors import Conflict
 from outbox.services import event_emit_many
+from quotas import services as quota_services
 
-from .models import TERMINAL_STATES, Job, JobEvent, JobState
+from .models import ACTIVE_STATES, TERMINAL_STATES, Job, JobEvent, JobState
 
 S = JobState
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -72,18 +74,9 @@ def event_types(kind: str, state: str) -> list[str]:
     return types
 
 
-# Called on commit after a job reaches a state (registered by the launch and quota layers).
+# Called on commit after a job reaches a state (registered by jobs/apps.py: admission passes and
+# the teardown of a cancelled job's attempt).
 _on_state: dict[str, list[Callable[[int], None]]] = {}
-
-
-# Called inside the transition's transaction with (job, from_state): for work that must commit
-# or roll back with the move itself (releasing a quota reservation).
-_in_transaction: list[Callable[[Job, str], None]] = []
-
-
-def in_transaction(callback: Callable[[Job, str], None]) -> None:
-    """Run ``callback(job, from_state)`` inside every transition's transaction."""
-    _in_transaction.append(callback)
 
 
 def on_state(state: str, callback: Callable[[int], None]) -> None:
@@ -297,9 +290,10 @@ def transition(
             job.save()
     else:
         Job.objects.filter(pk__in=ids).update(**fields)
-    for job in locked:
-        for callback in _in_transaction:
-            callback(job, from_states[job.pk])
+    # What a job held while launching or running is free again in the same transaction.
+    leaving = [pk for pk, state in from_states.items() if state in ACTIVE_STATES]
+    if leaving and to_state not in ACTIVE_STATES:
+        quota_services.reservations_release(leaving)
     _record(
         locked,
         from_states=from_states,

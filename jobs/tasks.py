@@ -11,7 +11,8 @@ from django.db import InterfaceError, OperationalError
 from config.celery import send_many
 from packages import services as package_services
 
-from . import execution, selectors
+from . import attempts, selectors
+from . import sweep as sweeping
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ def report_isolation(**_kwargs) -> None:
 
 @shared_task(name="manta.jobs.admit", **DB_RETRY)
 def admit() -> dict[int, list[int]]:
-    from quotas.scheduler import admit_all
+    from .admission import admit_all
 
     return admit_all()
 
@@ -68,12 +69,12 @@ def fan_out_launches(attempt_ids: list[str]) -> None:
 
 @shared_task(name="manta.jobs.launch_attempt", **DB_RETRY)
 def launch_attempt(attempt_id: str) -> None:
-    execution.attempt_launch(attempt_id)
+    attempts.attempt_launch(attempt_id)
 
 
 @shared_task(name="manta.jobs.follow_attempt", **DB_RETRY)
 def follow_attempt(attempt_id: str, token: int) -> None:
-    if execution.attempt_follow(attempt_id, token):
+    if attempts.attempt_follow(attempt_id, token):
         follow_attempt.apply_async(
             (attempt_id, token), countdown=settings.MANTA_FOLLOW_INTERVAL_SECONDS
         )
@@ -81,17 +82,17 @@ def follow_attempt(attempt_id: str, token: int) -> None:
 
 @shared_task(name="manta.jobs.cancel_attempt", **DB_RETRY)
 def cancel_attempt(attempt_id: str) -> None:
-    execution.attempt_cancel(attempt_id)
+    attempts.attempt_cancel(attempt_id)
 
 
 @shared_task(name="manta.jobs.evict_attempt", **DB_RETRY)
 def evict_attempt(attempt_id: str) -> None:
-    execution.attempt_evict(attempt_id)
+    attempts.attempt_evict(attempt_id)
 
 
 @shared_task(name="manta.jobs.sweep", **DB_RETRY)
 def sweep() -> dict[str, int]:
-    return execution.sweep()
+    return sweeping.sweep()
 
 
 # The packages' retention sweep runs here: only jobs know which packages a live job still needs.

@@ -25,15 +25,10 @@ ALLOWED: dict[str, set[str]] = {
     "workspaces": {"config", "audit", "outbox"},
     "notifications": {"config", "audit", "outbox", "workspaces"},
     "packages": {"config", "audit", "outbox", "workspaces"},
-    "quotas": {"config", "audit", "outbox", "workspaces", "notifications"},
+    "quotas": {"config", "audit", "outbox", "workspaces"},
     "jobs": {"config", "audit", "outbox", "workspaces", "notifications", "packages", "quotas"},
 }
 APPS = tuple(ALLOWED)
-
-# Known violations, each to be removed, never added to: this set must shrink to empty.
-# quotas → jobs: the scheduler's queue scan and the usage/budget reads of jobs still live in
-# quotas (see DESIGN.md, "One way to get there").
-PENDING: set[tuple[str, str]] = {("quotas", "jobs")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,13 +139,10 @@ def cycles(edges) -> list[list[str]]:
 
 
 def describe(edges: dict[tuple[str, str], list[Import]]) -> str:
-    lines = ["app graph (importer → imported apps; * = not allowed, P = pending):"]
+    lines = ["app graph (importer → imported apps; * = not allowed):"]
     for app in APPS:
         targets = sorted(b for a, b in edges if a == app)
-        marks = [
-            f"{b}{'P' if (app, b) in PENDING else '*' if b not in ALLOWED[app] else ''}"
-            for b in targets
-        ]
+        marks = [f"{b}{'*' if b not in ALLOWED[app] else ''}" for b in targets]
         lines.append(f"  {app:<14}→ {', '.join(marks) or '-'}")
     for (a, b), imps in sorted(edges.items()):
         if b not in ALLOWED[a]:
@@ -168,20 +160,13 @@ def test_every_app_is_in_the_table():
 def test_no_app_imports_one_it_must_not():
     edges = app_graph()
     forbidden = {edge for edge in edges if edge[1] not in ALLOWED[edge[0]]}
-    assert not forbidden - PENDING, describe(edges)
-
-
-def test_the_pending_exceptions_only_shrink():
-    edges = app_graph()
-    assert all(b not in ALLOWED[a] for a, b in PENDING), "an allowed edge is not an exception"
-    gone = PENDING - set(edges)
-    assert not gone, f"fixed: remove {sorted(gone)} from PENDING\n{describe(edges)}"
+    assert not forbidden, describe(edges)
 
 
 def test_no_circle_between_apps():
     assert not cycles({(a, b) for a, bs in ALLOWED.items() for b in bs}), "ALLOWED has a circle"
     edges = app_graph()
-    assert not cycles(set(edges) - PENDING), describe(edges)
+    assert not cycles(set(edges)), describe(edges)
 
 
 def test_notifications_has_no_circle_of_files():

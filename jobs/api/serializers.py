@@ -363,7 +363,7 @@ class JobOutput(serializers.ModelSerializer):
         ]
 
     def get_queue(self, job) -> dict | None:
-        from quotas.scheduler import explain
+        from jobs.admission import explain
 
         return explain(job) if self.context.get("explain") else None
 

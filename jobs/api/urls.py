@@ -1,10 +1,12 @@
 from django.urls import path
 
+from .usage import WorkspaceUsageView
 from .views import JobViewSet, TemplateViewSet
 
 WS = "orgs/<slug:org>/workspaces/<slug:ws>/"
 
 urlpatterns = [
+    path(WS + "usage/", WorkspaceUsageView.as_view({"get": "retrieve"})),
     path(WS + "templates/", TemplateViewSet.as_view({"get": "list", "post": "create"})),
     path(
         WS + "templates/<int:pk>/",

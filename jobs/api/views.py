@@ -9,7 +9,8 @@ from rest_framework.response import Response
 
 from config.filters import UtcDateTimeFilter
 from config.throttles import SubmitUserThrottle, SubmitWorkspaceThrottle, ThrottledViewMixin
-from jobs import execution, selectors, services
+from jobs import launch_requests, selectors, services
+from jobs import logs as driver_logs
 from jobs.launchers.base import LaunchError
 from jobs.models import Job, JobState, JobTemplate
 from jobs.spec import SPEC_FIELDS
@@ -274,11 +275,11 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
         job = self._job(pk)
         query = params.validated_data
         if query["follow"]:
-            stream = execution.job_log_stream(
+            stream = driver_logs.job_log_stream(
                 job, number=query.get("attempt"), since=query.get("since") or 0
             )
             return StreamingHttpResponse(stream, content_type="text/plain; charset=utf-8")
-        body = execution.job_logs(
+        body = driver_logs.job_logs(
             job, number=query.get("attempt"), tail=query.get("tail"), since=query.get("since")
         )
         return Response(s.JobLogsOutput(body).data)
@@ -293,7 +294,7 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
     def launch_plan(self, request, org=None, ws=None, pk=None):
         job = self._job(pk)
         try:
-            plan = execution.plan_for(job)
+            plan = launch_requests.plan_for(job)
         except LaunchError as exc:
             raise exceptions.ValidationError({"compute_target": [str(exc)]}) from exc
         return Response(plan)

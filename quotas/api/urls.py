@@ -9,5 +9,4 @@ SINGLETON = {"get": "retrieve", "put": "update", "patch": "partial_update"}
 urlpatterns = [
     path("orgs/<slug:org>/quota/", OrgQuotaViewSet.as_view(SINGLETON)),
     path(WS + "quota/", WorkspaceQuotaViewSet.as_view(SINGLETON)),
-    path(WS + "usage/", WorkspaceQuotaViewSet.as_view({"get": "usage"})),
 ]

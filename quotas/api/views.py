@@ -1,9 +1,9 @@
-"""Capacity, workspace quotas and usage."""
+"""Capacity and workspace quotas. (A workspace's usage is jobs': jobs/api/usage.py.)"""
 
 from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 
-from quotas import services
+from quotas import selectors, services
 from workspaces import roles
 from workspaces.api.tenancy import TenantViewSet, WorkspaceViewSet
 
@@ -22,7 +22,7 @@ class OrgQuotaViewSet(TenantViewSet):
 
     @extend_schema(operation_id="org_quota_retrieve")
     def retrieve(self, request, org=None):
-        return Response(s.OrgQuotaSerializer(services.org_quota(self.organization)).data)
+        return Response(s.OrgQuotaSerializer(selectors.org_quota(self.organization)).data)
 
     @extend_schema(
         operation_id="org_quota_replace",
@@ -53,12 +53,11 @@ class WorkspaceQuotaViewSet(WorkspaceViewSet):
         "retrieve": roles.WS_VIEW,
         "update": roles.ORG_MANAGE,
         "partial_update": roles.ORG_MANAGE,
-        "usage": roles.WS_VIEW,
     }
 
     @extend_schema(operation_id="workspace_quota_retrieve")
     def retrieve(self, request, org=None, ws=None):
-        return Response(s.WorkspaceQuotaSerializer(services.workspace_quota(self.workspace)).data)
+        return Response(s.WorkspaceQuotaSerializer(selectors.workspace_quota(self.workspace)).data)
 
     @extend_schema(
         operation_id="workspace_quota_replace",
@@ -79,7 +78,3 @@ class WorkspaceQuotaViewSet(WorkspaceViewSet):
             actor=self.actor, workspace=self.workspace, data=data.validated_data
         )
         return Response(s.WorkspaceQuotaSerializer(quota).data)
-
-    @extend_schema(operation_id="workspace_usage_retrieve", responses=s.UsageOutput)
-    def usage(self, request, org=None, ws=None):
-        return Response(s.UsageOutput(services.usage(self.workspace)).data)

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from jobs.accounting import reconcile
 from jobs.models import Job, JobAttempt
 from quotas.models import Reservation
-from quotas.services import reconcile
 from tests.conftest import build_world
 from tests.e2e.conftest import cluster_processes, start_launch_worker
 from tests.e2e.servers import Api

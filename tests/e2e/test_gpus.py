@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 
 from jobs import local_host
-from jobs.execution import job_logs
+from jobs.logs import job_logs
 from jobs.models import Job
 from tests.conftest import build_world
 from tests.e2e.conftest import start_launch_worker

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from audit.context import Actor
-from jobs.execution import job_logs
+from jobs.accounting import reconcile
+from jobs.logs import job_logs
 from jobs.models import Job, JobAttempt, JobEvent
 from outbox.models import DomainEvent
 from quotas.models import Reservation
-from quotas.services import reconcile
 from tests.e2e.test_launch import (
     TERMINAL,
     assert_cluster_gone,

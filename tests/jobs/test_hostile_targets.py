@@ -159,7 +159,7 @@ def test_operator_settings_win_over_a_stored_config(world, settings):
     """Even a row that bypassed the API (an old one, a database edit) cannot switch isolation
     off or widen what a ray target may reach: the worker applies the operator's settings."""
     from jobs import services as job_services
-    from jobs.execution import resolve_target
+    from jobs.launch_requests import resolve_target
     from tests.jobs.conftest import submit
 
     settings.MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS = []

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from jobs import execution
+from jobs import sweep
 from jobs.launchers import local
 from jobs.models import JobAttempt
 from tests.jobs.conftest import submit
@@ -58,12 +58,12 @@ def test_the_sweep_stops_clusters_whose_attempt_ended_and_keeps_the_others(
     strays = [fake_cluster(work_dir, str(ended.pk)), fake_cluster(work_dir, str(uuid.uuid4()))]
     strays.append(fake_cluster(work_dir, "not-an-attempt"))
     try:
-        assert execution.sweep()["strays"] == 3
+        assert sweep.sweep()["strays"] == 3
         for handle, process in strays:
             assert process.wait(timeout=10) is not None
             assert not os.path.exists(handle["temp_dir"])
         assert kept_process.poll() is None and os.path.isdir(kept["temp_dir"])
-        assert execution.sweep()["strays"] == 0
+        assert sweep.sweep()["strays"] == 0
     finally:
         for _, process in [(kept, kept_process), *strays]:
             process.kill()

@@ -16,7 +16,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from audit.context import Actor
-from jobs import execution
+from jobs import launch_requests
 from jobs import services as job_services
 from jobs.models import Job, JobAttempt
 from jobs.selectors import package_in_use
@@ -216,7 +216,7 @@ def test_a_kuberay_job_gets_a_signed_link_that_serves_the_package(world, setting
     plan = world.client("viewer").get(f"{WS}jobs/{job.pk}/launch-plan/").json()
     assert uri in plan["manifest"]["spec"]["runtimeEnvYAML"]
     attempt = JobAttempt.objects.create(job=job, number=1, cluster_name="k-1")
-    request = execution.launch_request(attempt, execution.resolve_target(job))
+    request = launch_requests.launch_request(attempt, launch_requests.resolve_target(job))
     link = request.spec["runtime_env"]["working_dir"]
     assert link.startswith("https://manta.acme.test/api/v1/package-downloads/")
     assert link.endswith(".zip") and not request.packages

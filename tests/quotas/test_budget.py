@@ -5,9 +5,9 @@ import datetime as dt
 
 from django.utils import timezone
 
+from jobs import accounting, admission
 from jobs.models import Job, JobAttempt
 from outbox.models import DomainEvent
-from quotas import scheduler, services
 from quotas.models import WorkspaceQuota
 
 JOBS = "/api/v1/orgs/acme/workspaces/ml/jobs/"
@@ -67,7 +67,7 @@ def test_queue_until_next_period(world, template):
     )
     assert response.status_code == 201
     job_id = response.json()["id"]
-    assert scheduler.admit(world.org.pk) == []
+    assert admission.admit(world.org.pk) == []
     detail = world.client("developer").get(f"{JOBS}{job_id}/").json()
     assert detail["state"] == "queued"
     assert detail["queue"]["waiting_for"].endswith("it waits for the next budget period")
@@ -76,10 +76,10 @@ def test_queue_until_next_period(world, template):
 def test_threshold_events_once_per_threshold(world, template):
     WorkspaceQuota.objects.create(workspace=world.ws, gpu_hours_per_month=10, budget_action="queue")
     ran(world, template, gpu_hours=8.2)
-    assert services.budget_alerts() == 1
-    assert services.budget_alerts() == 0  # not again this month
+    assert accounting.budget_alerts() == 1
+    assert accounting.budget_alerts() == 0  # not again this month
     ran(world, template, gpu_hours=2)
-    assert services.budget_alerts() == 1
+    assert accounting.budget_alerts() == 1
     events = DomainEvent.objects.filter(type="quota.threshold_reached").order_by("occurred_at")
     assert [e.payload["threshold_percent"] for e in events] == [80, 100]
     assert events[0].payload["gpu_hours_used"] >= 8

@@ -4,10 +4,10 @@ as the ORM would have written — timestamps set, defaults kept, the audit chain
 from audit.chain import org_chain, verify_chain
 from audit.models import AuditEvent
 from config.db import COPY_ABOVE
+from jobs import admission
 from jobs.models import Job, JobAttempt, JobEvent
-from quotas import scheduler
 from quotas.models import Reservation
-from tests.quotas.test_scheduler import queue_job, setup_quota, two_workspaces  # noqa: F401
+from tests.quotas.test_admission import queue_job, setup_quota, two_workspaces  # noqa: F401
 
 
 def test_a_pass_above_the_copy_threshold_writes_complete_rows(two_workspaces):  # noqa: F811
@@ -20,7 +20,7 @@ def test_a_pass_above_the_copy_threshold_writes_complete_rows(two_workspaces):  
     setup_quota(world, count, "fifo")
     audit_before = AuditEvent.objects.count()
 
-    assert scheduler.admit(world.org.pk) == jobs
+    assert admission.admit(world.org.pk) == jobs
 
     assert set(Job.objects.filter(pk__in=jobs).values_list("state", flat=True)) == {"launching"}
     events = JobEvent.objects.filter(job_id__in=jobs, kind="launching")

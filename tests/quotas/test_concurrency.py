@@ -8,9 +8,9 @@ from django.db import connection
 from django.db.models import Sum
 
 from audit.context import Actor
+from jobs import admission
 from jobs import services as job_services
 from jobs.models import Job, JobAttempt
-from quotas import scheduler
 from quotas.models import OrgQuota, Reservation, WorkspaceQuota
 from tests.conftest import build_world
 from tests.jobs.conftest import counter_spec
@@ -41,7 +41,7 @@ def test_200_submissions_against_a_quota_that_fits_10():
         try:
             while not done.is_set():
                 admit(world.org.pk)
-            scheduler.admit(world.org.pk)
+            admission.admit(world.org.pk)
         except Exception as exc:
             errors.append(exc)
         finally:
@@ -49,7 +49,7 @@ def test_200_submissions_against_a_quota_that_fits_10():
 
     submitters = [threading.Thread(target=submitter, args=(50,)) for _ in range(4)]
     # two admitters wait for the lock; two take the single-flight path the task takes
-    kinds = [scheduler.admit, scheduler.admit_single_flight] * 2
+    kinds = [admission.admit, admission.admit_single_flight] * 2
     admitters = [threading.Thread(target=admitter, args=(kind,)) for kind in kinds]
     for thread in admitters + submitters:
         thread.start()

@@ -5,14 +5,14 @@ submit, naming the resource; a waiting job says it waits for the host."""
 import pytest
 
 from audit.context import Actor
-from jobs import local_host
+from jobs import admission, local_host
 from jobs import services as job_services
 from jobs.models import Job
-from quotas import scheduler
+from quotas import services as quota_services
 from quotas.models import Reservation
 from tests.conftest import SYSTEM
 from tests.jobs.conftest import counter_spec
-from tests.quotas.test_scheduler import queue_job
+from tests.quotas.test_admission import queue_job
 from workspaces import services as ws_services
 from workspaces.models import ComputeTarget
 
@@ -55,7 +55,7 @@ def test_admission_never_places_more_than_the_host_has_over_all_orgs(world, four
     other_template = gpu_template(world, other_ws)
     a = queue_job(world, world.ws, template, 2, minutes_ago=3)
     b = queue_job(world, world.ws, template, 2, minutes_ago=2)
-    assert set(scheduler.admit(world.org.pk)) == {a, b}
+    assert set(admission.admit(world.org.pk)) == {a, b}
     assert set(Reservation.objects.filter(host="local").values_list("job_id", flat=True)) == {a, b}
 
     # Another organisation, with no org capacity of its own set, still finds the host full.
@@ -66,15 +66,15 @@ def test_admission_never_places_more_than_the_host_has_over_all_orgs(world, four
         template=other_template,
         overrides={"worker_groups": [{"name": "g", "replicas": 1, "cpu": 0, "gpu": 2}]},
     )
-    assert scheduler.admit(world.other_org.pk) == []
+    assert admission.admit(world.other_org.pk) == []
     job.refresh_from_db()
-    queue = scheduler.explain(job)
+    queue = admission.explain(job)
     assert "this host's gpu capacity 4" in queue["waiting_for"], queue
     assert "4 reserved by all organisations" in queue["waiting_for"]
 
     # When one of acme's jobs ends, globex's job gets the host's GPUs.
-    scheduler.release(Job.objects.get(pk=a))
-    assert scheduler.admit(world.other_org.pk) == [job.pk]
+    quota_services.reservations_release([a])
+    assert admission.admit(world.other_org.pk) == [job.pk]
 
 
 def test_a_job_bigger_than_the_host_is_refused_at_submit(world, four_gpus):
@@ -102,5 +102,5 @@ def test_workspaces_on_other_targets_do_not_count_against_the_host(world, four_g
     world.ws.save(update_fields=["compute_target"])
     template = gpu_template(world, world.ws)
     jobs = [queue_job(world, world.ws, template, 4, minutes_ago=m) for m in (3, 2)]
-    assert set(scheduler.admit(world.org.pk)) == set(jobs)
+    assert set(admission.admit(world.org.pk)) == set(jobs)
     assert not Reservation.objects.filter(host="local").exists()

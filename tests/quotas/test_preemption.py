@@ -7,16 +7,15 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from jobs import execution
+from jobs import admission, attempts
 from jobs import services as job_services
+from jobs.accounting import reconcile
 from jobs.models import Job, JobAttempt, JobEvent
 from outbox.models import DomainEvent
-from quotas import scheduler
 from quotas.models import Reservation, WorkspaceQuota
-from quotas.services import reconcile
 from tests.conftest import SYSTEM
 from tests.jobs.conftest import counter_spec
-from tests.quotas.test_scheduler import queue_job, setup_quota, two_workspaces  # noqa: F401
+from tests.quotas.test_admission import queue_job, setup_quota, two_workspaces  # noqa: F401
 from workspaces import services as ws_services
 
 
@@ -29,7 +28,7 @@ def guarantee(ws, gpu, limit=None):
 def run(world, ws, template, gpu, *, priority=5, minutes_ago=30):
     """Queue a job and admit it (it holds its reservation from then on)."""
     job_id = queue_job(world, ws, template, gpu, minutes_ago=minutes_ago, priority=priority)
-    assert job_id in scheduler.admit(world.org.pk)
+    assert job_id in admission.admit(world.org.pk)
     return job_id
 
 
@@ -58,7 +57,7 @@ def test_borrowing_uses_idle_capacity_up_to_the_limit(borrowed):
 def test_owner_under_its_guarantee_preempts_the_borrower(borrowed):
     world, spaces, templates, borrower = borrowed
     owner_job = queue_job(world, spaces["ml"], templates["ml"], 2, minutes_ago=1)
-    assert scheduler.admit(world.org.pk) == [owner_job]
+    assert admission.admit(world.org.pk) == [owner_job]
     assert state(owner_job) == "launching"
     assert state(borrower) == "queued"
     event = JobEvent.objects.filter(job_id=borrower).latest("id")
@@ -79,7 +78,7 @@ def test_owner_under_its_guarantee_preempts_the_borrower(borrowed):
     assert types[-2:] == ["job.preempted", "job.queued"]
     assert not any(reconcile().values())
     # the preempted job waits for the capacity it borrowed, and says so
-    assert scheduler.explain(Job.objects.get(pk=borrower))["waiting_for"].startswith(
+    assert admission.explain(Job.objects.get(pk=borrower))["waiting_for"].startswith(
         "organisation gpu capacity 4: 2 reserved"
     )
 
@@ -87,12 +86,12 @@ def test_owner_under_its_guarantee_preempts_the_borrower(borrowed):
 def test_evicting_a_preempted_attempt_tears_it_down_once(borrowed):
     world, spaces, templates, borrower = borrowed
     queue_job(world, spaces["ml"], templates["ml"], 2, minutes_ago=1)
-    scheduler.admit(world.org.pk)
+    admission.admit(world.org.pk)
     attempt = JobAttempt.objects.get(job_id=borrower)
-    execution.attempt_launch(str(attempt.pk))  # a late launch task does nothing
+    attempts.attempt_launch(str(attempt.pk))  # a late launch task does nothing
     attempt.refresh_from_db()
     assert not attempt.handle_encrypted and attempt.cluster_ready_at is None
-    execution.attempt_evict(str(attempt.pk))
+    attempts.attempt_evict(str(attempt.pk))
     attempt.refresh_from_db()
     assert attempt.torn_down_at is not None and attempt.state == "preempted"
 
@@ -101,14 +100,14 @@ def test_no_preemption_when_the_org_has_it_off(borrowed):
     world, spaces, templates, borrower = borrowed
     setup_quota(world, 4, "fifo", preemption=False)
     owner_job = queue_job(world, spaces["ml"], templates["ml"], 2, minutes_ago=1)
-    assert scheduler.admit(world.org.pk) == []
+    assert admission.admit(world.org.pk) == []
     assert (state(owner_job), state(borrower)) == ("queued", "launching")
 
 
 def test_no_preemption_for_a_job_beyond_the_guarantee(borrowed):
     world, spaces, templates, borrower = borrowed
     owner_job = queue_job(world, spaces["ml"], templates["ml"], 3, minutes_ago=1)  # guarantee 2
-    assert scheduler.admit(world.org.pk) == []
+    assert admission.admit(world.org.pk) == []
     assert (state(owner_job), state(borrower)) == ("queued", "launching")
 
 
@@ -126,7 +125,7 @@ def test_victims_lowest_priority_first_then_newest(two_workspaces):  # noqa: F81
         created_at=timezone.now() - dt.timedelta(minutes=5)
     )
     owner_job = queue_job(world, spaces["ml"], templates["ml"], 2, minutes_ago=1)
-    assert scheduler.admit(world.org.pk) == [owner_job]
+    assert admission.admit(world.org.pk) == [owner_job]
     # two GPUs are needed: the two priority-2 jobs go, the newer admission first
     assert {j: state(j) for j in (high, low_old, low_new, mid)} == {
         high: "launching",
@@ -158,7 +157,7 @@ def test_only_borrowers_are_preempted(two_workspaces):  # noqa: F811
     within = run(world, spaces["other"], templates["other"], 2, priority=1, minutes_ago=40)
     borrowers = [run(world, third, third_tpl, 2, priority=9, minutes_ago=m) for m in (30, 20)]
     owner_job = queue_job(world, spaces["ml"], templates["ml"], 2, minutes_ago=1)
-    assert scheduler.admit(world.org.pk) == [owner_job]
+    assert admission.admit(world.org.pk) == [owner_job]
     assert state(within) == "launching"  # lowest priority, but within its guarantee
     assert [state(j) for j in borrowers] == ["launching", "queued"]  # the newer one goes
 
@@ -172,7 +171,7 @@ def test_nothing_is_preempted_when_it_would_not_make_room(two_workspaces):  # no
     setup_quota(world, 4, "fifo", preemption=True, max_running_jobs=2)
     within = [run(world, spaces["other"], templates["other"], 1) for _ in range(2)]
     owner_job = queue_job(world, spaces["ml"], templates["ml"], 1, minutes_ago=1)
-    assert scheduler.admit(world.org.pk) == []
+    assert admission.admit(world.org.pk) == []
     assert [state(j) for j in within] == ["launching", "launching"]
     assert state(owner_job) == "queued"
     assert not JobEvent.objects.filter(kind="preempted").exists()
@@ -186,5 +185,5 @@ def test_a_running_limit_is_freed_from_a_borrower(two_workspaces):  # noqa: F811
     within = run(world, spaces["other"], templates["other"], 1, minutes_ago=40)
     borrower = run(world, spaces["other"], templates["other"], 1, minutes_ago=30)
     owner_job = queue_job(world, spaces["ml"], templates["ml"], 1, minutes_ago=1)
-    assert scheduler.admit(world.org.pk) == [owner_job]
+    assert admission.admit(world.org.pk) == [owner_job]
     assert (state(within), state(borrower)) == ("launching", "queued")

@@ -3,8 +3,8 @@
 
 from rest_framework.test import APIClient
 
+from jobs import accounting, admission
 from jobs.models import Job
-from quotas import scheduler, services
 from quotas.models import OrgQuota, Reservation, WorkspaceQuota
 
 HEALTHY = {"orphan_reservations": 0, "missing_reservations": 0, "over_capacity": 0,
@@ -16,8 +16,8 @@ def test_healthy_after_admission(world, template):
     for _ in range(3):
         world.client("developer").post("/api/v1/orgs/acme/workspaces/ml/jobs/",
                                        {"template": template.pk}, format="json")  # fmt: skip
-    assert len(scheduler.admit(world.org.pk)) == 3
-    assert services.reconcile() == HEALTHY
+    assert len(admission.admit(world.org.pk)) == 3
+    assert accounting.reconcile() == HEALTHY
 
 
 def test_drift_is_found_and_exported(world, template, caplog):
@@ -26,13 +26,13 @@ def test_drift_is_found_and_exported(world, template, caplog):
     ids = [world.client("developer").post("/api/v1/orgs/acme/workspaces/ml/jobs/",
                                           {"template": template.pk}, format="json").json()["id"]
            for _ in range(3)]  # fmt: skip
-    assert scheduler.admit(world.org.pk) == [ids[0]]
+    assert admission.admit(world.org.pk) == [ids[0]]
     # Tamper behind the scheduler's back: a job running without a reservation, a reservation
     # for a job that is not running, and more held than the capacity.
     Job.objects.filter(pk=ids[1]).update(state="running")
     Reservation.objects.create(job_id=ids[2], organization=world.org, workspace=world.ws, cpu=1,
                                memory_gb=0, gpu=0)  # fmt: skip
-    drift = services.reconcile()
+    drift = accounting.reconcile()
     assert drift["missing_reservations"] == 1
     assert drift["orphan_reservations"] == 1
     assert drift["over_capacity"] == 1 and drift["over_limit"] == 1

@@ -8,11 +8,11 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from quotas import scheduler
+from jobs import admission
 from quotas.models import AdmissionRequests, OrgQuota
 from tests.conftest import build_world
 from tests.jobs.conftest import counter_spec
-from tests.quotas.test_scheduler import queue_job
+from tests.quotas.test_admission import queue_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,13 +40,13 @@ def test_a_trigger_returns_at_once_while_a_pass_holds_the_lock():
     job = queue_job(world, world.ws, template_for(world), 1, minutes_ago=1)
     with plain_connection() as holder:
         holder.execute(
-            "SELECT pg_advisory_xact_lock(%s, %s)", [scheduler.ADVISORY_NAMESPACE, world.org.pk]
+            "SELECT pg_advisory_xact_lock(%s, %s)", [admission.ADVISORY_NAMESPACE, world.org.pk]
         )
-        assert scheduler.admit_single_flight(world.org.pk) == []  # did not wait
+        assert admission.admit_single_flight(world.org.pk) == []  # did not wait
         requests = AdmissionRequests.objects.get(organization=world.org)
         assert (requests.requested, requests.served) == (1, 0)
         holder.rollback()
-    assert scheduler.admit_single_flight(world.org.pk) == [job]
+    assert admission.admit_single_flight(world.org.pk) == [job]
     requests.refresh_from_db()
     assert (requests.requested, requests.served) == (2, 2)
 
@@ -57,7 +57,7 @@ def test_the_running_pass_serves_a_request_made_during_it(monkeypatch):
     template = template_for(world)
     first = queue_job(world, world.ws, template, 1, minutes_ago=2)
     inside, release = threading.Event(), threading.Event()
-    real_plan = scheduler.plan
+    real_plan = admission.plan
     results, rounds = {}, []
 
     def slow_plan(*args, **kwargs):
@@ -69,11 +69,11 @@ def test_the_running_pass_serves_a_request_made_during_it(monkeypatch):
                 release.wait(30)
         return chosen
 
-    monkeypatch.setattr(scheduler, "plan", slow_plan)
+    monkeypatch.setattr(admission, "plan", slow_plan)
 
     def run_pass():
         try:
-            results["pass"] = scheduler.admit_single_flight(world.org.pk)
+            results["pass"] = admission.admit_single_flight(world.org.pk)
         finally:
             connection.close()
 
@@ -82,7 +82,7 @@ def test_the_running_pass_serves_a_request_made_during_it(monkeypatch):
     assert inside.wait(30)
     # a job queued (and a trigger fired) while the pass is in its plan
     second = queue_job(world, world.ws, template, 1, minutes_ago=1)
-    assert scheduler.admit_single_flight(world.org.pk) == []
+    assert admission.admit_single_flight(world.org.pk) == []
     release.set()
     thread.join(30)
     # the first round admitted what it had read; a second round, the job queued meanwhile

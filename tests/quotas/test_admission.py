@@ -6,10 +6,10 @@ import pytest
 from django.utils import timezone
 
 from audit.context import Actor
+from jobs import admission
 from jobs import services as job_services
 from jobs.models import Job
 from jobs.state import transition
-from quotas import scheduler
 from quotas.models import OrgQuota, Reservation, WorkspaceQuota
 from tests.conftest import SYSTEM
 from tests.jobs.conftest import counter_spec
@@ -52,7 +52,7 @@ def setup_quota(world, gpu, policy, **extra):
 
 
 def admitted(world):
-    return scheduler.admit(world.org.pk)
+    return admission.admit(world.org.pk)
 
 
 def still_queued(*job_ids):

@@ -1,9 +1,11 @@
-"""Running jobs: admission, launch, following, retries, deadlines, cancel and teardown.
+"""The attempt lifecycle: create, launch, follow, retry, enforce the deadline, cancel, preempt,
+tear down. (What an attempt launches is ``launch_requests.py``; the sweep that restarts lost
+work is ``sweep.py``; reading logs is ``logs.py``.)
 
 Rows are the truth and every step is safe to run twice, from any worker:
 
-* admission (``quotas/scheduler.py``) moves queued jobs that fit to ``launching`` and calls
-  ``attempt_create`` for each.
+* admission (``jobs/admission.py``) moves queued jobs that fit to ``launching`` and calls
+  ``attempts_create`` for them.
 * ``attempt_launch`` takes a short lease on the attempt (so duplicate tasks do not start two
   clusters), starts the cluster, stores the launcher's handle, then submits — a retried submit
   adopts the Ray job with the attempt's submission id, so an entrypoint never runs twice.
@@ -19,13 +21,9 @@ transactions, guarded by the lease and by the state machine's row lock.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import logging
 import threading
-import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
@@ -38,19 +36,14 @@ from audit.context import Actor
 from config import secrets
 from config.celery import send_many
 from config.db import copy_insert
-from packages.models import URI_PREFIX as PACKAGE_URI_PREFIX
 from packages.models import CodePackage, CodeSource
 from packages.services import blob_name as package_blob
-from packages.services import download_url as package_download_url
-from packages.services import local_path as package_path
-from packages.services import sha_of as package_sha
 from packages.services import storage as package_storage
 from packages.sources import CodeUnavailable
 from packages.sources import fetch as fetch_code
-from workspaces.models import ComputeTarget, ComputeTargetKind
-from workspaces.services import compute_target_secrets
 
-from .launchers import launcher_for, ray_jobs
+from .launch_requests import ResolvedTarget, cluster_name_for, launch_request, resolve_target
+from .launchers import launcher_for
 from .launchers.base import (
     RAY_FAILED,
     RAY_RUNNING,
@@ -63,7 +56,7 @@ from .launchers.base import (
     NodeFailures,
     RayJobState,
 )
-from .models import ATTEMPT_ACTIVE, TERMINAL_STATES, AttemptState, Job, JobAttempt, JobState
+from .models import ATTEMPT_ACTIVE, AttemptState, Job, JobAttempt, JobState
 from .state import InvalidTransition, record_event, transition
 
 logger = logging.getLogger(__name__)
@@ -71,101 +64,7 @@ SYSTEM = Actor.system("worker")
 LOG_ARCHIVE_LIMIT = 2_000_000  # characters kept of a driver log (its tail)
 
 
-# --- compute targets ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ResolvedTarget:
-    name: str
-    kind: str
-    config: dict[str, Any]
-
-
-def resolve_target(job: Job) -> ResolvedTarget:
-    """The workspace's compute target with its secret decrypted; ``local`` is built in."""
-    name = job.workspace.compute_target
-    target = ComputeTarget.objects.filter(organization_id=job.organization_id, name=name).first()
-    if target is None:
-        if name != ComputeTargetKind.LOCAL:
-            raise LaunchError(f"compute target {name!r} does not exist in this organisation")
-        return ResolvedTarget(name="local", kind="local", config=local_defaults({}))
-    config = {**target.config, **compute_target_secrets(target)}
-    if target.kind == ComputeTargetKind.LOCAL:
-        config = local_defaults(config)
-    # The operator's policy travels with the config: launchers check it at every connection.
-    elif target.kind == ComputeTargetKind.RAY:
-        config["allowed_networks"] = list(settings.MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS)
-    elif target.kind == ComputeTargetKind.KUBERAY:
-        config["in_cluster_allowed"] = settings.MANTA_KUBERAY_IN_CLUSTER
-    return ResolvedTarget(name=target.name, kind=target.kind, config=config)
-
-
-def local_defaults(config: dict[str, Any]) -> dict[str, Any]:
-    """A local target's config with the operator's settings; isolation is the operator's
-    alone, whatever a tenant's target config holds."""
-    from .local_host import sandbox_settings
-
-    return {
-        "work_dir": settings.MANTA_LOCAL_RAY_DIR,
-        **config,
-        "sandbox": sandbox_settings().to_config(),
-    }
-
-
-def cluster_name_for(job: Job, number: int) -> str:
-    # DNS-safe and at most 47 characters (KubeRay's limit for a RayJob name).
-    base = f"manta-{job.organization.slug}-{job.workspace.slug}"[:32].rstrip("-")
-    return f"{base}-{job.pk}-{number}"
-
-
-def launch_request(
-    attempt: JobAttempt, target: ResolvedTarget, *, sign: bool = True
-) -> LaunchRequest:
-    """What the launcher starts. A cluster that downloads its code itself (kuberay) gets a
-    short-lived signed link to the package (``sign=False`` for a plan: no working link shown)."""
-    job = attempt.job
-    # The job may want to know which run it is (e.g. to resume from a checkpoint on a retry).
-    runtime_env = dict(job.spec.get("runtime_env") or {})
-    runtime_env["env_vars"] = {
-        **(runtime_env.get("env_vars") or {}),
-        "MANTA_JOB_ID": str(job.pk),
-        "MANTA_ATTEMPT": str(attempt.number),
-    }
-    if attempt.code_package:  # fetched from the job's code source
-        runtime_env["working_dir"] = f"{PACKAGE_URI_PREFIX}{attempt.code_package}"
-    packages = {}
-    sha256 = package_sha(runtime_env.get("working_dir"))
-    if sha256 and target.kind == ComputeTargetKind.KUBERAY:
-        if sign:
-            runtime_env["working_dir"] = package_download_url(sha256)
-    elif sha256:
-        packages[runtime_env["working_dir"]] = package_path(sha256)
-    return LaunchRequest(
-        submission_id=attempt.submission_id,
-        cluster_name=attempt.cluster_name,
-        packages=packages,
-        spec={**job.spec, "runtime_env": runtime_env},
-        labels={
-            "manta.dev/org": job.organization.slug,
-            "manta.dev/workspace": job.workspace.slug,
-            "manta.dev/job": str(job.pk),
-            "manta.dev/attempt": str(attempt.number),
-        },
-        target_config=target.config,
-    )
-
-
-def plan_for(job: Job) -> dict[str, Any]:
-    """What the job's compute target launches (for the latest attempt, or the next one)."""
-    attempt = job.attempts.order_by("-number").first()
-    target = resolve_target(job)
-    if attempt is None:
-        attempt = JobAttempt(job=job, number=1, cluster_name=cluster_name_for(job, 1))
-    request = launch_request(attempt, target, sign=False)
-    return launcher_for(target.kind, target.config).plan(request)
-
-
-# --- admission (quotas/scheduler.py decides; this creates the attempt) ----------------------
+# --- admission (jobs/admission.py decides; this creates the attempt) -------------------------
 
 
 def attempts_create(jobs: list[Job]) -> list[JobAttempt]:
@@ -666,149 +565,3 @@ def attempt_cancel(attempt_id: str) -> None:
         JobAttempt.objects.filter(pk=attempt_id, state__in=ATTEMPT_ACTIVE).update(
             state=AttemptState.CANCELLED, failure_reason="cancelled"
         )
-
-
-# --- the sweep ---------------------------------------------------------------------------------
-
-
-def sweep() -> dict[str, int]:
-    """Find work whose task was lost (a worker died) and enqueue it again."""
-    from . import tasks
-
-    now = timezone.now()
-    stale = now - dt.timedelta(seconds=settings.MANTA_HEARTBEAT_STALE_SECONDS)
-    counts = {"launch": 0, "follow": 0, "cancel": 0, "admit": 0}
-    active = JobAttempt.objects.filter(state__in=ATTEMPT_ACTIVE).filter(
-        Q(heartbeat_at__lt=stale) | Q(heartbeat_at__isnull=True, created_at__lt=stale)
-    )
-    active = active.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
-    for attempt in active.select_related("job"):
-        if attempt.job.state == JobState.CANCELLED:
-            tasks.cancel_attempt.delay(str(attempt.pk))
-            counts["cancel"] += 1
-        elif not attempt.submitted:
-            JobAttempt.objects.filter(pk=attempt.pk).update(heartbeat_at=now)
-            tasks.launch_attempt.delay(str(attempt.pk))
-            counts["launch"] += 1
-        else:
-            follow_start(str(attempt.pk))
-            counts["follow"] += 1
-    evictions = JobAttempt.objects.filter(
-        state=AttemptState.PREEMPTED, torn_down_at__isnull=True, finished_at__lt=stale
-    ).filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
-    counts["evict"] = 0
-    for pk in evictions.values_list("pk", flat=True):
-        tasks.evict_attempt.delay(str(pk))
-        counts["evict"] += 1
-    counts["strays"] = _stop_strays()
-    if Job.objects.filter(state=JobState.QUEUED).exists():
-        tasks.admit.delay()
-        counts["admit"] += 1
-    from quotas.services import budget_alerts, reconcile
-
-    counts["budget_alerts"] = budget_alerts()
-    counts["drift"] = sum(reconcile().values())
-    return counts
-
-
-def _stop_strays() -> int:
-    """Stop the local clusters on this host whose attempt is gone or torn down (a launch
-    killed after starting one, then its attempt ended): no cluster outlives its attempt,
-    whatever was killed when. Returns how many were stopped."""
-    config = {"work_dir": settings.MANTA_LOCAL_RAY_DIR}
-    launcher = launcher_for(ComputeTargetKind.LOCAL, config)
-    handles = launcher.find_clusters(config)
-    ids = [i for h in handles if isinstance(i := h.get("submission_id"), str) and _is_uuid(i)]
-    owned = JobAttempt.objects.filter(pk__in=ids, torn_down_at__isnull=True)
-    owners = {str(pk) for pk in owned.values_list("pk", flat=True)}
-    strays = [h for h in handles if h.get("submission_id") not in owners]
-    for handle in strays:
-        logger.warning("stopping local cluster %s: its attempt ended", handle.get("cluster_name"))
-        launcher.stop(handle)
-    return len(strays)
-
-
-def _is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return False
-    return True
-
-
-# --- reads that need a launcher ----------------------------------------------------------------
-
-
-FOLLOW_WAIT_SECONDS = 600  # how long a follower waits for a launch or for the archive
-
-
-def job_log_stream(job: Job, *, number: int | None = None, since: int = 0) -> Iterator[str]:
-    """The driver log of an attempt (the latest by default) from ``since`` on, as it grows,
-    until the attempt ends: live from Ray chunk by chunk (nothing is read whole), then what
-    the archive holds beyond it once written."""
-    deadline = time.monotonic() + FOLLOW_WAIT_SECONDS
-    attempts = job.attempts.order_by("-number")
-    attempt = attempts.filter(number=number).first() if number else attempts.first()
-    while attempt is None and number is None and time.monotonic() < deadline:
-        # a job waiting for approval or admission: its first attempt's log is what comes next
-        if Job.objects.filter(pk=job.pk, state__in=TERMINAL_STATES).exists():
-            return
-        time.sleep(0.5)
-        attempt = attempts.first()
-    if attempt is None:
-        return
-    while not attempt.submitted and attempt.state in ATTEMPT_ACTIVE:
-        if time.monotonic() > deadline:
-            return
-        time.sleep(0.5)  # its cluster is starting
-        attempt.refresh_from_db()
-    position = 0
-    if attempt.submitted and attempt.torn_down_at is None:
-        target = resolve_target(job)
-        launcher = launcher_for(target.kind, target.config)
-        try:
-            for chunk in launcher.follow_logs(handle_of(attempt)):
-                fresh = chunk[max(0, since - position) :]
-                position += len(chunk)
-                if fresh:
-                    yield fresh
-        except LaunchError:
-            pass  # the cluster went away: the archive has the rest
-        while attempt.torn_down_at is None and time.monotonic() < deadline:
-            time.sleep(0.5)  # the end of the attempt writes the archive
-            attempt.refresh_from_db()
-    begin = max(position, since)
-    text, start = attempt.log_archive, attempt.log_start
-    if begin < start + len(text):
-        yield text[max(0, begin - start) :]
-
-
-def job_logs(
-    job: Job, *, number: int | None = None, tail: int | None = None, since: int | None = None
-) -> dict[str, Any]:
-    """The driver log of an attempt (the latest by default): from Ray while its cluster is up
-    (``live``), from Manta's copy once it is torn down (``archive``, written before the
-    switch). While live, Manta's copy answers when Ray cannot, so lines never disappear.
-
-    ``offset`` is where the text ends in the whole log; ``since`` (a previous answer's
-    offset) returns only what came after it, so a follower never prints a line twice."""
-    attempts = job.attempts.order_by("-number")
-    attempt = attempts.filter(number=number).first() if number else attempts.first()
-    if attempt is None:
-        return {"attempt": None, "source": "none", "logs": "", "offset": 0}
-    text, start, source = attempt.log_archive, attempt.log_start, "archive"
-    if attempt.submitted and attempt.torn_down_at is None:
-        source = "live"
-        target = resolve_target(job)
-        try:
-            live = launcher_for(target.kind, target.config).logs(handle_of(attempt))
-        except LaunchError:
-            live = ""  # the cluster is not answering: Manta's copy is what there is
-        if len(live) >= start + len(text):
-            text, start = live, 0
-    end = start + len(text)
-    if since is not None:
-        text = text[max(0, since - start) :] if since < end else ""
-    elif tail:
-        text = ray_jobs.tail_lines(text, tail)
-    return {"attempt": attempt.number, "source": source, "logs": text, "offset": end}

@@ -1,0 +1,104 @@
+"""What jobs use and hold, measured from their attempts: GPU-hours against budgets, a
+workspace's usage, and the check that reservations match the jobs that hold them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+from django.db.models import Count, Exists, F, OuterRef, Q
+from django.utils import timezone
+
+from quotas import selectors as quota_selectors
+from quotas import services as quota_services
+from quotas.ledger import month_start
+from quotas.models import WorkspaceQuota
+
+from .models import ACTIVE_STATES, Job, JobAttempt, JobState
+
+logger = logging.getLogger(__name__)
+
+THRESHOLDS = (80, 100)  # percent of a GPU budget at which the workspace hears of it
+
+
+def gpu_hours(workspace, since: dt.datetime) -> float:
+    """GPU-hours of the workspace's attempts since ``since``, from their real running time."""
+    now = timezone.now()
+    total = 0.0
+    attempts = (
+        JobAttempt.objects.filter(
+            job__workspace=workspace, running_at__isnull=False, job__requested_gpu__gt=0
+        )
+        .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=since))
+        .annotate(gpu=F("job__requested_gpu"))
+    )
+    for attempt in attempts:
+        start = max(attempt.running_at, since)
+        end = attempt.finished_at or now
+        if end > start:
+            total += (end - start).total_seconds() / 3600 * attempt.gpu
+    return round(total, 4)
+
+
+def usage(workspace) -> dict[str, Any]:
+    """What the workspace holds and runs, against its guarantees, limits and budget."""
+    quota = quota_selectors.workspace_quota(workspace)
+    counts = dict(
+        Job.objects.filter(
+            workspace=workspace,
+            state__in=[
+                JobState.QUEUED,
+                JobState.PENDING_APPROVAL,
+                JobState.LAUNCHING,
+                JobState.RUNNING,
+            ],
+        )
+        .values_list("state")
+        .annotate(n=Count("id"))
+    )
+    return {
+        "reserved": quota_selectors.reserved(workspace),
+        "guaranteed": quota.guaranteed(),
+        "limit": quota.limit(),
+        "running": counts.get(JobState.RUNNING, 0) + counts.get(JobState.LAUNCHING, 0),
+        "queued": counts.get(JobState.QUEUED, 0),
+        "pending_approval": counts.get(JobState.PENDING_APPROVAL, 0),
+        "gpu_hours_this_month": gpu_hours(workspace, month_start(timezone.now())),
+        "gpu_hours_per_month": quota.gpu_hours_per_month,
+    }
+
+
+def budget_alerts() -> int:
+    """Emit ``quota.threshold_reached`` once per workspace, month and threshold crossed."""
+    period = month_start(timezone.now())
+    sent = 0
+    budgets = WorkspaceQuota.objects.filter(gpu_hours_per_month__gt=0).select_related(
+        "workspace__organization"
+    )
+    for quota in budgets:
+        used = gpu_hours(quota.workspace, period)
+        percent = used / quota.gpu_hours_per_month * 100
+        for threshold in THRESHOLDS:
+            if percent >= threshold:
+                sent += quota_services.budget_alert_record(
+                    quota, threshold=threshold, used=used, period=period
+                )
+    return sent
+
+
+def reconcile() -> dict[str, int]:
+    """Check the admission invariants and count every drift (0 everywhere when all holds):
+    a reservation exists exactly for each launching/running job; reservations stay within each
+    org's capacity and each workspace's limit; running jobs within the max-running limits."""
+    active = quota_selectors.active_reservations()
+    drift = {
+        "orphan_reservations": active.exclude(job__state__in=ACTIVE_STATES).count(),
+        "missing_reservations": Job.objects.filter(state__in=ACTIVE_STATES)
+        .filter(~Exists(active.filter(job=OuterRef("pk"))))
+        .count(),
+        **quota_selectors.drift_over_limits(),
+    }
+    if any(drift.values()):
+        logger.error("quota invariants drifted: %s", drift)
+    return drift

@@ -1,0 +1,115 @@
+"""What an attempt launches, and where: the workspace's compute target resolved (secrets
+decrypted, the operator's policy attached), the launch request a launcher starts, and the plan
+shown to a user before anything starts."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from django.conf import settings
+
+from packages.models import URI_PREFIX as PACKAGE_URI_PREFIX
+from packages.services import download_url as package_download_url
+from packages.services import local_path as package_path
+from packages.services import sha_of as package_sha
+from workspaces.models import ComputeTarget, ComputeTargetKind
+from workspaces.services import compute_target_secrets
+
+from .launchers import launcher_for
+from .launchers.base import (
+    LaunchError,
+    LaunchRequest,
+)
+from .models import Job, JobAttempt
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedTarget:
+    name: str
+    kind: str
+    config: dict[str, Any]
+
+
+def resolve_target(job: Job) -> ResolvedTarget:
+    """The workspace's compute target with its secret decrypted; ``local`` is built in."""
+    name = job.workspace.compute_target
+    target = ComputeTarget.objects.filter(organization_id=job.organization_id, name=name).first()
+    if target is None:
+        if name != ComputeTargetKind.LOCAL:
+            raise LaunchError(f"compute target {name!r} does not exist in this organisation")
+        return ResolvedTarget(name="local", kind="local", config=local_defaults({}))
+    config = {**target.config, **compute_target_secrets(target)}
+    if target.kind == ComputeTargetKind.LOCAL:
+        config = local_defaults(config)
+    # The operator's policy travels with the config: launchers check it at every connection.
+    elif target.kind == ComputeTargetKind.RAY:
+        config["allowed_networks"] = list(settings.MANTA_COMPUTE_TARGET_ALLOWED_NETWORKS)
+    elif target.kind == ComputeTargetKind.KUBERAY:
+        config["in_cluster_allowed"] = settings.MANTA_KUBERAY_IN_CLUSTER
+    return ResolvedTarget(name=target.name, kind=target.kind, config=config)
+
+
+def local_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """A local target's config with the operator's settings; isolation is the operator's
+    alone, whatever a tenant's target config holds."""
+    from .local_host import sandbox_settings
+
+    return {
+        "work_dir": settings.MANTA_LOCAL_RAY_DIR,
+        **config,
+        "sandbox": sandbox_settings().to_config(),
+    }
+
+
+def cluster_name_for(job: Job, number: int) -> str:
+    # DNS-safe and at most 47 characters (KubeRay's limit for a RayJob name).
+    base = f"manta-{job.organization.slug}-{job.workspace.slug}"[:32].rstrip("-")
+    return f"{base}-{job.pk}-{number}"
+
+
+def launch_request(
+    attempt: JobAttempt, target: ResolvedTarget, *, sign: bool = True
+) -> LaunchRequest:
+    """What the launcher starts. A cluster that downloads its code itself (kuberay) gets a
+    short-lived signed link to the package (``sign=False`` for a plan: no working link shown)."""
+    job = attempt.job
+    # The job may want to know which run it is (e.g. to resume from a checkpoint on a retry).
+    runtime_env = dict(job.spec.get("runtime_env") or {})
+    runtime_env["env_vars"] = {
+        **(runtime_env.get("env_vars") or {}),
+        "MANTA_JOB_ID": str(job.pk),
+        "MANTA_ATTEMPT": str(attempt.number),
+    }
+    if attempt.code_package:  # fetched from the job's code source
+        runtime_env["working_dir"] = f"{PACKAGE_URI_PREFIX}{attempt.code_package}"
+    packages = {}
+    sha256 = package_sha(runtime_env.get("working_dir"))
+    if sha256 and target.kind == ComputeTargetKind.KUBERAY:
+        if sign:
+            runtime_env["working_dir"] = package_download_url(sha256)
+    elif sha256:
+        packages[runtime_env["working_dir"]] = package_path(sha256)
+    return LaunchRequest(
+        submission_id=attempt.submission_id,
+        cluster_name=attempt.cluster_name,
+        packages=packages,
+        spec={**job.spec, "runtime_env": runtime_env},
+        labels={
+            "manta.dev/org": job.organization.slug,
+            "manta.dev/workspace": job.workspace.slug,
+            "manta.dev/job": str(job.pk),
+            "manta.dev/attempt": str(attempt.number),
+        },
+        target_config=target.config,
+    )
+
+
+def plan_for(job: Job) -> dict[str, Any]:
+    """What the job's compute target launches (for the latest attempt, or the next one)."""
+    attempt = job.attempts.order_by("-number").first()
+    target = resolve_target(job)
+    if attempt is None:
+        attempt = JobAttempt(job=job, number=1, cluster_name=cluster_name_for(job, 1))
+    request = launch_request(attempt, target, sign=False)
+    return launcher_for(target.kind, target.config).plan(request)

@@ -1,0 +1,246 @@
+"""The admission arithmetic: what is held, against which limits, and what would fit.
+
+Pure: nothing here reads or writes the database. ``quotas.selectors.ledger_for`` fills a
+:class:`Ledger` from the reservations and quotas; admission (``jobs/admission.py``) asks it what
+blocks a claim, counts what it admits, and plans preemptions with :func:`victims_for`. A claim is
+anything with a workspace, the resources it asks for and how long it may run: a queued job, or an
+active reservation (:class:`Held`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any, Protocol
+
+from .models import RESOURCES, OrgQuota, WorkspaceQuota
+
+EPSILON = 1e-9  # resources are floats: 0.1 + 0.2 must still fit under 0.3
+
+
+class Claim(Protocol):
+    """What admission weighs of a job."""
+
+    pk: int
+    workspace_id: int
+
+    @property
+    def requested(self) -> dict[str, float]: ...
+
+    @property
+    def max_runtime_seconds(self) -> int: ...
+
+
+@dataclasses.dataclass
+class Usage:
+    cpu: float = 0.0
+    memory_gb: float = 0.0
+    gpu: float = 0.0
+    running: int = 0
+
+    def add(self, requested: dict[str, float], sign: int = 1) -> None:
+        for name in RESOURCES:
+            setattr(self, name, getattr(self, name) + sign * requested[name])
+        self.running += sign
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """One active reservation: what a launching/running job holds (a preemption candidate)."""
+
+    job_id: int
+    workspace_id: int
+    priority: int
+    admitted_at: Any
+    requested: dict[str, float]
+    max_runtime_seconds: int = 0
+
+
+def month_start(now: dt.datetime) -> dt.datetime:
+    """The start of the GPU budget period ``now`` is in."""
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def budget_overrun(
+    quota: WorkspaceQuota | None, used: float, requested_gpu: float, max_runtime_seconds: float
+) -> str:
+    """Why a GPU job would exceed its workspace's monthly budget ('' when it would not), given
+    the GPU-hours ``used`` this period. A job may use up to requested GPUs × its max runtime."""
+    if not quota or quota.gpu_hours_per_month is None or not requested_gpu:
+        return ""
+    worst = requested_gpu * max_runtime_seconds / 3600
+    if used + worst <= quota.gpu_hours_per_month + EPSILON:
+        return ""
+    return (
+        f"GPU budget {quota.gpu_hours_per_month:g} h/month: {used:g} h used, this job may "
+        f"use up to {worst:g} h"
+    )
+
+
+@dataclasses.dataclass
+class Ledger:
+    """What is held now, and the limits to hold it against."""
+
+    org_quota: OrgQuota | None
+    ws_quotas: dict[int, WorkspaceQuota]
+    org: Usage
+    ws: dict[int, Usage]
+    gpu_hours_used: dict[int, float] = dataclasses.field(default_factory=dict)
+    # The shared local host: what every organisation holds on it, what it has, and which of
+    # this organisation's workspaces launch there.
+    host: Usage = dataclasses.field(default_factory=Usage)
+    host_capacity: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    on_host: set[int] = dataclasses.field(default_factory=set)
+
+    def blocker(self, claim: Claim) -> str:
+        """Why ``claim`` does not fit now ('' when it does)."""
+        return self.workspace_blocker(claim) or self.org_blocker(claim) or self.host_blocker(claim)
+
+    def host_blocker(self, claim: Claim) -> str:
+        """What of the local host's capacity (shared by every organisation) stops it."""
+        if claim.workspace_id not in self.on_host:
+            return ""
+        for name in RESOURCES:
+            capacity, need = self.host_capacity.get(name), claim.requested[name]
+            held = getattr(self.host, name)
+            if need and capacity is not None and held + need > capacity + EPSILON:
+                return (
+                    f"this host's {name} capacity {capacity:g}: {held:g} "
+                    f"reserved by all organisations, this job needs {need:g}"
+                )
+        return ""
+
+    def workspace_blocker(self, claim: Claim) -> str:
+        """What of the claim's own workspace stops it (limits, budget, max running): what no
+        preemption of other workspaces can change."""
+        ws_usage = self.ws[claim.workspace_id]
+        quota = self.ws_quotas.get(claim.workspace_id)
+        for name in RESOURCES:
+            need = claim.requested[name]
+            limit = quota.limit()[name] if quota else None
+            if need and limit is not None and getattr(ws_usage, name) + need > limit + EPSILON:
+                return (
+                    f"workspace {name} limit {limit:g}: {getattr(ws_usage, name):g} reserved, "
+                    f"this job needs {need:g}"
+                )
+        if claim.workspace_id in self.gpu_hours_used:
+            over = budget_overrun(
+                quota,
+                self.gpu_hours_used[claim.workspace_id],
+                claim.requested["gpu"],
+                claim.max_runtime_seconds,
+            )
+            if over:
+                return over + "; it waits for the next budget period"
+        if (
+            quota
+            and quota.max_running_jobs is not None
+            and ws_usage.running >= quota.max_running_jobs
+        ):
+            return (
+                f"workspace max_running_jobs {quota.max_running_jobs}: {ws_usage.running} running"
+            )
+        return ""
+
+    def org_blocker(self, claim: Claim) -> str:
+        """What of the organisation's capacity stops it: what others hold."""
+        for name in self.short_of(claim):
+            capacity = getattr(self.org_quota, name)
+            return (
+                f"organisation {name} capacity {capacity:g}: {getattr(self.org, name):g} "
+                f"reserved, this job needs {claim.requested[name]:g}"
+            )
+        org_max = self.org_quota.max_running_jobs if self.org_quota else None
+        if org_max is not None and self.org.running >= org_max:
+            return f"organisation max_running_jobs {org_max}: {self.org.running} running"
+        return ""
+
+    def short_of(self, claim: Claim) -> list[str]:
+        """The resources the organisation has too little of left for ``claim``."""
+        if self.org_quota is None:
+            return []
+        return [
+            name
+            for name in RESOURCES
+            if claim.requested[name]
+            and getattr(self.org_quota, name) is not None
+            and getattr(self.org, name) + claim.requested[name]
+            > getattr(self.org_quota, name) + EPSILON
+        ]
+
+    def hold(self, claim: Claim | Held, sign: int = 1) -> None:
+        """Count what ``claim`` holds (``sign=-1``: stop counting it)."""
+        self.org.add(claim.requested, sign)
+        self.ws[claim.workspace_id].add(claim.requested, sign)
+        if claim.workspace_id in self.on_host:
+            self.host.add(claim.requested, sign)
+
+    def guarantee(self, workspace_id: int) -> dict[str, float]:
+        quota = self.ws_quotas.get(workspace_id)
+        return quota.guaranteed() if quota else dict.fromkeys(RESOURCES, 0.0)
+
+    def under_guarantee(self, workspace_id: int) -> bool:
+        """Whether the workspace holds less than its guarantee of some resource."""
+        guaranteed, usage = self.guarantee(workspace_id), self.ws[workspace_id]
+        return any(getattr(usage, name) < guaranteed[name] for name in RESOURCES)
+
+    def within_guarantee(self, claim: Claim) -> bool:
+        """Whether the claim, added to what its workspace holds, stays within its guarantee of
+        every resource the organisation caps (an uncapped resource is never short)."""
+        guaranteed, usage = self.guarantee(claim.workspace_id), self.ws[claim.workspace_id]
+        return all(
+            getattr(usage, name) + claim.requested[name] <= guaranteed[name] + EPSILON
+            for name in RESOURCES
+            if self.org_quota is not None and getattr(self.org_quota, name) is not None
+        )
+
+    def borrowing(self, workspace_id: int, name: str) -> bool:
+        """Whether the workspace holds more of ``name`` than it is guaranteed (only a resource
+        the organisation caps can be borrowed)."""
+        if self.org_quota is None or getattr(self.org_quota, name) is None:
+            return False
+        return getattr(self.ws[workspace_id], name) > self.guarantee(workspace_id)[name] + EPSILON
+
+    def anyone_borrowing(self) -> bool:
+        return any(self.borrowing(ws, name) for ws in list(self.ws) for name in RESOURCES)
+
+    def dominant_share(self, workspace_id: int) -> float:
+        quota = self.ws_quotas.get(workspace_id)
+        usage = self.ws[workspace_id]
+        shares = []
+        for name in RESOURCES:
+            guaranteed = quota.guaranteed()[name] if quota else 0
+            used = getattr(usage, name)
+            if guaranteed > 0:
+                shares.append(used / guaranteed)
+            elif used > 0:
+                shares.append(float("inf"))
+        return max(shares, default=0.0)
+
+
+def victims_for(ledger: Ledger, claim: Claim, candidates: list[Held]) -> list[Held] | None:
+    """Borrowed reservations whose release makes room for ``claim`` (``ledger`` is updated), or
+    None when even all of them would not (then nothing is released).
+
+    A candidate is useful only when its workspace borrows a resource the claim is short of (or,
+    when only the running-jobs cap stops it, any resource): a workspace within its guarantee is
+    never a victim, so two workspaces cannot preempt each other."""
+    chosen: list[Held] = []
+    for held in candidates:
+        if held.workspace_id == claim.workspace_id:
+            continue
+        short = ledger.short_of(claim)
+        running_full = not short and ledger.org_blocker(claim) != ""
+        useful = any(
+            held.requested[name] > 0 and ledger.borrowing(held.workspace_id, name)
+            for name in (short or (RESOURCES if running_full else ()))
+        )
+        if not useful:
+            continue
+        ledger.hold(held, -1)
+        chosen.append(held)
+        if not ledger.blocker(claim):
+            return chosen
+    for held in chosen:
+        ledger.hold(held)
+    return None

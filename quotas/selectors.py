@@ -1,0 +1,130 @@
+"""Reads of quotas and reservations."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+from django.db.models import Count, Sum
+
+from .ledger import EPSILON, Held, Ledger, Usage
+from .models import RESOURCES, OrgQuota, Reservation, WorkspaceQuota
+
+TOTALS = {"cpu": Sum("cpu"), "memory_gb": Sum("memory_gb"), "gpu": Sum("gpu"), "jobs": Count("id")}
+
+
+def org_quota(organization) -> OrgQuota:
+    """The organisation's quota (unsaved and unlimited when none was set)."""
+    return OrgQuota.objects.filter(organization=organization).first() or OrgQuota(
+        organization=organization
+    )
+
+
+def workspace_quota(workspace) -> WorkspaceQuota:
+    """The workspace's quota (unsaved and unlimited when none was set)."""
+    return WorkspaceQuota.objects.filter(workspace=workspace).first() or WorkspaceQuota(
+        workspace=workspace
+    )
+
+
+def active_reservations():
+    return Reservation.objects.filter(released_at__isnull=True)
+
+
+def reserved(workspace) -> dict[str, float]:
+    """What the workspace's launching and running jobs hold."""
+    held = active_reservations().filter(workspace=workspace).aggregate(**TOTALS)
+    return {name: held[name] or 0.0 for name in RESOURCES}
+
+
+def ledger_for(
+    organization_id: int,
+    *,
+    on_host: set[int],
+    host: str,
+    host_capacity: Callable[[], dict[str, float | None]],
+    gpu_hours_used: Callable[[WorkspaceQuota], float],
+) -> Ledger:
+    """What the organisation holds, against its limits and those of the shared host ``host``
+    (``on_host``: its workspaces that launch there). ``gpu_hours_used`` gives what a workspace
+    with a GPU budget has used this period."""
+    ws: dict[int, Usage] = defaultdict(Usage)
+    org = Usage()
+    rows = (
+        active_reservations()
+        .filter(organization_id=organization_id)
+        .values("workspace_id")
+        .annotate(**TOTALS)
+    )
+    for row in rows:
+        usage = Usage(row["cpu"] or 0, row["memory_gb"] or 0, row["gpu"] or 0, row["jobs"])
+        ws[row["workspace_id"]] = usage
+        for name in (*RESOURCES, "running"):
+            setattr(org, name, getattr(org, name) + getattr(usage, name))
+    ws_quotas = {
+        q.workspace_id: q
+        for q in WorkspaceQuota.objects.filter(
+            workspace__organization_id=organization_id
+        ).select_related("workspace")
+    }
+    host_usage = Usage()
+    if on_host:
+        totals = active_reservations().filter(host=host).aggregate(**TOTALS)
+        host_usage = Usage(*(totals[name] or 0 for name in (*RESOURCES, "jobs")))
+    return Ledger(
+        host=host_usage,
+        host_capacity=host_capacity() if on_host else {},
+        on_host=on_host,
+        org_quota=OrgQuota.objects.filter(organization_id=organization_id).first(),
+        ws_quotas=ws_quotas,
+        org=org,
+        ws=ws,
+        gpu_hours_used={
+            ws_id: gpu_hours_used(q)
+            for ws_id, q in ws_quotas.items()
+            if q.gpu_hours_per_month is not None
+        },
+    )
+
+
+def held_in_preemption_order(organization_id: int) -> list[Held]:
+    """The active reservations of an organisation, in preemption order: lowest priority first,
+    then the newest admission first (it has lost the least work)."""
+    rows = (
+        active_reservations()
+        .filter(organization_id=organization_id)
+        .order_by("job__priority", "-created_at", "-job_id")
+        .values_list("job_id", "workspace_id", "job__priority", "created_at", *RESOURCES)
+    )
+    return [
+        Held(job_id, ws_id, priority, at, dict(zip(RESOURCES, amounts, strict=True)))
+        for job_id, ws_id, priority, at, *amounts in rows
+    ]
+
+
+def drift_over_limits() -> dict[str, int]:
+    """How many organisations and workspaces hold more than their capacity, limit or
+    max-running cap allows (0 everywhere when admission kept its invariants)."""
+    drift = {"over_capacity": 0, "over_limit": 0, "over_running": 0}
+    active = active_reservations()
+    capacities = {q.organization_id: q for q in OrgQuota.objects.all()}
+    for row in active.values("organization_id").annotate(**TOTALS):
+        quota = capacities.get(row["organization_id"])
+        if quota is None:
+            continue
+        for name in RESOURCES:
+            cap = getattr(quota, name)
+            drift["over_capacity"] += int(cap is not None and row[name] > cap + EPSILON)
+        cap = quota.max_running_jobs
+        drift["over_running"] += int(cap is not None and row["jobs"] > cap)
+    limits = {q.workspace_id: q for q in WorkspaceQuota.objects.all()}
+    for row in active.values("workspace_id").annotate(**TOTALS):
+        quota = limits.get(row["workspace_id"])
+        if quota is None:
+            continue
+        for name in RESOURCES:
+            limit = getattr(quota, f"limit_{name}")
+            drift["over_limit"] += int(limit is not None and row[name] > limit + EPSILON)
+        cap = quota.max_running_jobs
+        drift["over_running"] += int(cap is not None and row["jobs"] > cap)
+    return drift
