@@ -1,36 +1,11 @@
-from drf_spectacular.utils import OpenApiExample, extend_schema_field, extend_schema_serializer
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from config.strict import StrictSerializer
 from jobs import spec as job_spec
+from jobs.api import examples
 from jobs.models import Job, JobAttempt, JobEvent, JobState, JobTemplate, JobTemplateVersion
 from workspaces.models import ComputeTargetKind
-
-COUNTER_SPEC = {
-    "image": "rayproject/ray:2.60.0",
-    "entrypoint": 'python -c "import ray; ray.init(); '
-    "C = ray.remote(type('C', (), {'__init__': lambda s: setattr(s, 'n', 0), "
-    "'inc': lambda s: setattr(s, 'n', s.n + 1) or s.n})); c = C.remote(); "
-    "print('count', [ray.get(c.inc.remote()) for _ in range(10)][-1])\"",
-    "runtime_env": {"env_vars": {"COUNT_TO": "10"}},
-    "head": {"cpu": 0, "memory_gb": 2, "gpu": 0},
-    "worker_groups": [
-        {
-            "name": "workers",
-            "replicas": 1,
-            "min_replicas": 0,
-            "max_replicas": 2,
-            "cpu": 1,
-            "memory_gb": 1,
-            "gpu": 0,
-            "resources": {},
-        }
-    ],
-    "max_runtime_seconds": 600,
-    "max_retries": 0,
-    "priority": 5,
-    "ttl_seconds_after_finished": 300,
-}
 
 
 class ResourcesOutput(serializers.Serializer):
@@ -39,20 +14,7 @@ class ResourcesOutput(serializers.Serializer):
     gpu = serializers.FloatField()
 
 
-@extend_schema_serializer(
-    examples=[
-        OpenApiExample(
-            "Counter template",
-            value={
-                "name": "counter",
-                "description": "counts with an actor",
-                **COUNTER_SPEC,
-                "allowed_overrides": ["entrypoint", "worker_groups", "priority"],
-            },
-            request_only=True,
-        )
-    ]
-)
+@extend_schema_serializer(examples=examples.TEMPLATE_CREATE_INPUT)
 class TemplateCreateInput(job_spec.JobSpec):
     name = serializers.RegexField(
         r"^[a-z0-9][a-z0-9_-]{0,99}$",
@@ -67,13 +29,7 @@ class TemplateCreateInput(job_spec.JobSpec):
     )
 
 
-@extend_schema_serializer(
-    examples=[
-        OpenApiExample(
-            "New version", value={"priority": 7, "max_runtime_seconds": 900}, request_only=True
-        )
-    ]
-)
+@extend_schema_serializer(examples=examples.TEMPLATE_UPDATE_INPUT)
 class TemplateUpdateInput(StrictSerializer):
     """Any spec field, plus description and allowed_overrides: the result is a new version."""
 
@@ -90,21 +46,7 @@ class TemplateUpdateInput(StrictSerializer):
     allowed_overrides = serializers.ListField(child=serializers.CharField(), required=False)
 
 
-@extend_schema_serializer(
-    examples=[
-        OpenApiExample(
-            "Version 1",
-            value={
-                "version": 1,
-                "spec": COUNTER_SPEC,
-                "allowed_overrides": ["priority"],
-                "created_by": "admin@acme.test",
-                "created_at": "2026-12-02T10:00:00Z",
-            },
-            response_only=True,
-        )
-    ]
-)
+@extend_schema_serializer(examples=examples.TEMPLATE_VERSION_OUTPUT)
 class TemplateVersionOutput(serializers.ModelSerializer):
     created_by = serializers.EmailField(source="created_by.email", allow_null=True)
     spec = serializers.JSONField()
@@ -114,25 +56,7 @@ class TemplateVersionOutput(serializers.ModelSerializer):
         fields = ["version", "spec", "allowed_overrides", "created_by", "created_at"]
 
 
-@extend_schema_serializer(
-    examples=[
-        OpenApiExample(
-            "A template",
-            value={
-                "id": 1,
-                "name": "counter",
-                "description": "counts with an actor",
-                "version": 2,
-                "spec": COUNTER_SPEC,
-                "allowed_overrides": ["entrypoint", "priority"],
-                "created_at": "2026-12-02T10:00:00Z",
-                "updated_at": "2026-12-02T11:00:00Z",
-                "archived_at": None,
-            },
-            response_only=True,
-        )
-    ]
-)
+@extend_schema_serializer(examples=examples.TEMPLATE_OUTPUT)
 class TemplateOutput(serializers.ModelSerializer):
     version = serializers.IntegerField(source="latest_version")
     spec = serializers.SerializerMethodField()
@@ -163,15 +87,7 @@ class TemplateOutput(serializers.ModelSerializer):
         return self._latest(template).allowed_overrides
 
 
-@extend_schema_serializer(
-    examples=[
-        OpenApiExample(
-            "Submit with an override",
-            value={"template": 1, "name": "count-to-20", "overrides": {"priority": 7}},
-            request_only=True,
-        )
-    ]
-)
+@extend_schema_serializer(examples=examples.JOB_SUBMIT_INPUT)
 class JobSubmitInput(StrictSerializer):
     template = serializers.IntegerField(
         required=False, help_text="The template's id; its latest version is used"
@@ -196,20 +112,12 @@ class JobSubmitInput(StrictSerializer):
         return attrs
 
 
-@extend_schema_serializer(
-    examples=[
-        OpenApiExample(
-            "With a reason", value={"reason": "approved for the demo"}, request_only=True
-        )
-    ]
-)
+@extend_schema_serializer(examples=examples.REASON_INPUT)
 class ReasonInput(StrictSerializer):
     reason = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
 
 
-@extend_schema_serializer(
-    examples=[OpenApiExample("Reject", value={"reason": "too many GPUs"}, request_only=True)]
-)
+@extend_schema_serializer(examples=examples.REJECT_INPUT)
 class RejectInput(StrictSerializer):
     reason = serializers.CharField(max_length=1000, help_text="Why the job is rejected")
 
@@ -261,15 +169,7 @@ class AttemptOutput(serializers.ModelSerializer):
         }
 
 
-@extend_schema_serializer(
-    examples=[
-        OpenApiExample(
-            "After the attempt ended",
-            value={"attempt": 1, "source": "archive", "logs": "counter reached 20\n"},
-            response_only=True,
-        )
-    ]
-)
+@extend_schema_serializer(examples=examples.JOB_LOGS_OUTPUT)
 class JobLogsOutput(serializers.Serializer):
     attempt = serializers.IntegerField(allow_null=True)
     source = serializers.ChoiceField(
@@ -284,39 +184,7 @@ class JobLogsOutput(serializers.Serializer):
     )
 
 
-@extend_schema_serializer(
-    examples=[
-        OpenApiExample(
-            "A job waiting for approval",
-            value={
-                "id": 42,
-                "name": "counter",
-                "state": "pending_approval",
-                "template": {"id": 1, "name": "counter"},
-                "template_version": 2,
-                "spec": COUNTER_SPEC,
-                "overrides": {"priority": 7},
-                "requested": {"cpu": 1.0, "memory_gb": 3.0, "gpu": 0.0},
-                "priority": 7,
-                "submitted_by": "dev@acme.test",
-                "approval_required": True,
-                "approval_reason": "the workspace requires approval for every job",
-                "decided_by": None,
-                "decided_at": None,
-                "decision_reason": "",
-                "failure_reason": "",
-                "message": "",
-                "created_at": "2026-12-02T10:00:00Z",
-                "queued_at": None,
-                "started_at": None,
-                "finished_at": None,
-                "updated_at": "2026-12-02T10:00:00Z",
-                "attempts": [],
-            },
-            response_only=True,
-        )
-    ]
-)
+@extend_schema_serializer(examples=examples.JOB_OUTPUT)
 class JobOutput(serializers.ModelSerializer):
     requested = ResourcesOutput()
     spec = serializers.JSONField()
@@ -374,24 +242,7 @@ class JobOutput(serializers.ModelSerializer):
         return {"id": template.pk, "name": template.name}
 
 
-@extend_schema_serializer(
-    examples=[
-        OpenApiExample(
-            "An approval",
-            value={
-                "id": 7,
-                "kind": "approved",
-                "from_state": "pending_approval",
-                "to_state": "queued",
-                "actor": "admin@acme.test",
-                "reason": "looks fine",
-                "data": {},
-                "created_at": "2026-12-02T10:05:00Z",
-            },
-            response_only=True,
-        )
-    ]
-)
+@extend_schema_serializer(examples=examples.JOB_EVENT_OUTPUT)
 class JobEventOutput(serializers.ModelSerializer):
     actor = serializers.CharField(source="actor_label")
     data = serializers.JSONField()
@@ -417,43 +268,7 @@ class LogsQuery(StrictSerializer):
         return attrs
 
 
-@extend_schema_serializer(
-    examples=[
-        OpenApiExample(
-            "local",
-            value={
-                "kind": "local",
-                "cluster_name": "manta-acme-ml-42-1",
-                "nodes": [
-                    {
-                        "role": "head",
-                        "group": "head",
-                        "num_cpus": 0,
-                        "num_gpus": 0,
-                        "memory_bytes": 2147483648,
-                        "resources": {},
-                    },
-                    {
-                        "role": "worker",
-                        "group": "workers",
-                        "index": 0,
-                        "num_cpus": 1,
-                        "num_gpus": 0,
-                        "memory_bytes": 1073741824,
-                        "resources": {},
-                    },
-                ],
-                "submission": {
-                    "submission_id": "5d1c…",
-                    "entrypoint": "python main.py",
-                    "runtime_env": {},
-                    "entrypoint_num_cpus": 0,
-                },
-            },
-            response_only=True,
-        )
-    ]
-)
+@extend_schema_serializer(examples=examples.LAUNCH_PLAN_OUTPUT)
 class LaunchPlanOutput(serializers.Serializer):
     kind = serializers.ChoiceField(choices=ComputeTargetKind.choices)
     cluster_name = serializers.CharField(allow_null=True, required=False)

@@ -2,7 +2,7 @@ import copy
 
 from audit.context import Actor
 from jobs import services
-from jobs.api.serializers import COUNTER_SPEC
+from jobs.api.examples import COUNTER_SPEC
 from tests.conftest import SYSTEM
 
 
