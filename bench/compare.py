@@ -28,13 +28,20 @@ HIGHER_IS_BETTER = {"jobs/s"}
 
 
 def figures(output: str) -> dict[str, tuple[float, str]]:
-    """``label → (value, unit)`` for every figure the benchmark printed."""
+    """``label → (value, unit)`` for every figure the benchmark printed, labelled by the text
+    before a line's first figure (the same before and after) and the figure's unit."""
     found = {}
     for line in output.splitlines():
-        for n, match in enumerate(FIGURE.finditer(line)):
-            label = line[: match.start()].strip(" :,(") or line
-            label = re.sub(r"\s+", " ", label)[-60:]
-            found[f"{label} #{n}"] = (float(match["value"].replace(",", "")), match["unit"])
+        matches = list(FIGURE.finditer(line))
+        if not matches:
+            continue
+        stem = re.sub(r"\s+", " ", line[: matches[0].start()].strip(" :,(") or line)[-50:]
+        previous_end = matches[0].start()
+        for match in matches:
+            between = line[previous_end : match.start()].strip(" :,()")  # e.g. "p99"
+            previous_end = match.end()
+            label = " ".join(part for part in (stem, between, f"[{match['unit']}]") if part)
+            found[label] = (float(match["value"].replace(",", "")), match["unit"])
     return found
 
 
@@ -84,7 +91,7 @@ def main() -> None:
             continue
         b, a = statistics.median(before), statistics.median(after)
         ratio = (b / a if unit in HIGHER_IS_BETTER else a / b) if a and b else float("nan")
-        print(f"  {label:<60} {b:>10.3f} → {a:>10.3f} {unit:<12} ratio {ratio:.2f}")
+        print(f"  {label:<64} {b:>10.3f} → {a:>10.3f}   ratio {ratio:.2f}")
 
 
 if __name__ == "__main__":
