@@ -314,10 +314,10 @@ def _start(attempt: JobAttempt, launcher, request: LaunchRequest, target) -> dic
 
 
 def _stop_orphans(attempt: JobAttempt, target: ResolvedTarget) -> None:
-    """A launch killed after starting a cluster but before storing its handle left a cluster no
-    row points to; it wrote its handle next to itself, so find it and stop it before retrying."""
+    """A launch killed (or cancelled) after starting a cluster but before storing its handle
+    left a cluster no row points to: find it from the attempt's request and stop it."""
     launcher = launcher_for(target.kind, target.config)
-    for handle in launcher.find_clusters(target.config, submission_id=attempt.submission_id):
+    for handle in launcher.find_started(launch_request(attempt, target, sign=False)):
         logger.warning("stopping orphaned cluster %s", handle.get("cluster_name"))
         launcher.stop(handle)
 

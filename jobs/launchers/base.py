@@ -4,8 +4,9 @@ Three implementations exist (``local``, ``ray``, ``kuberay``), all with the same
 :meth:`Launcher.start_cluster` brings up what the attempt runs on and returns a ``handle``;
 the caller stores the handle on the attempt row, then calls :meth:`Launcher.submit`. A caller
 killed between the two loses nothing: a retry submits again with the stored handle (submit is
-idempotent), and a cluster whose handle never got stored is found by
-:meth:`Launcher.find_clusters`. Every method is safe to call twice and from a different process
+idempotent), and a cluster whose handle never got stored is found again by
+:meth:`Launcher.find_started` (and by :meth:`Launcher.find_clusters`, the sweep's look at all of
+them). Every method is safe to call twice and from a different process
 than the one that started the cluster: all a launcher needs to find its cluster again is the
 handle (so a Celery worker killed mid-job can be replaced and the new one carries on).
 """
@@ -122,14 +123,15 @@ class Launcher(Protocol):
         """Stop the Ray job and tear down whatever start_cluster() started. Idempotent, never
         raises for something that is already gone."""
 
-    def find_clusters(
-        self, target_config: dict[str, Any], *, submission_id: str | None = None
-    ) -> list[dict[str, Any]]:
-        """Handles of the clusters this launcher started for ``target_config`` that it can find
-        without a stored handle, running or not (only those of ``submission_id`` when given):
-        what a start whose caller died before storing the handle left behind. Which of them no
-        attempt owns any more is the caller's to decide. Launchers that leave nothing behind
-        that way return []."""
+    def find_started(self, request: LaunchRequest) -> list[dict[str, Any]]:
+        """Handles of what start_cluster(request) left running, found without a stored handle
+        (a start whose caller died, or was cancelled, before storing it): stop them, and the
+        attempt leaves nothing behind. [] when nothing of this request is found."""
+
+    def find_clusters(self, target_config: dict[str, Any]) -> list[dict[str, Any]]:
+        """Handles of every cluster this launcher started for ``target_config`` that it can
+        list without a stored handle, running or not; which of them no attempt owns any more is
+        the caller's to decide. Launchers that cannot list theirs return []."""
 
 
 def launch(launcher: Launcher, request: LaunchRequest) -> dict[str, Any]:

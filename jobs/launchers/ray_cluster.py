@@ -102,9 +102,11 @@ class RayClusterLauncher:
         with contextlib.suppress(LaunchError):
             ray_jobs.stop_job(self._client(), handle["submission_id"])
 
-    def find_clusters(
-        self, target_config: dict[str, Any], *, submission_id: str | None = None
-    ) -> list[dict[str, Any]]:
+    def find_started(self, request: LaunchRequest) -> list[dict[str, Any]]:
         """None: start_cluster() starts nothing, and a Ray job exists only once submit() ran
         with a handle the caller had already stored."""
+        return []
+
+    def find_clusters(self, target_config: dict[str, Any]) -> list[dict[str, Any]]:
+        """None: the cluster is not ours."""
         return []

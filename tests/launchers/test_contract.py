@@ -313,19 +313,23 @@ def test_heal_with_nothing_dead_restarts_nothing(
     assert subject.launcher.heal(dict(handle), max_restarts=1) == []
 
 
-def test_find_clusters_lists_handles(subject: Subject) -> None:
-    found = subject.launcher.find_clusters(subject.target_config)
-    assert isinstance(found, list) and json.loads(json.dumps(found)) == found
-    assert subject.launcher.find_clusters(subject.target_config, submission_id="nobody") == []
-    if subject.kind == "local":  # the one launcher whose clusters are found by their files
-        [cluster] = found
-        assert cluster["submission_id"] == "contract-cluster"
-        mine = subject.launcher.find_clusters(
-            subject.target_config, submission_id="contract-cluster"
-        )
-        assert mine == found
-    else:
+def test_find_started_and_find_clusters_find_what_a_start_left(subject: Subject) -> None:
+    request, handle = subject.started()
+    found = subject.other_process().find_started(request)
+    assert json.loads(json.dumps(found)) == found
+    if subject.kind == "ray":  # starts nothing: a Ray job exists only after submit
         assert found == []
+    else:
+        [again] = found
+        assert again["submission_id"] == request.submission_id == handle["submission_id"]
+    nobody = dataclasses.replace(request, submission_id="nobody")
+    assert subject.launcher.find_started(nobody) == []
+    listed = subject.launcher.find_clusters(subject.target_config)
+    assert isinstance(listed, list) and json.loads(json.dumps(listed)) == listed
+    if subject.kind == "local":  # the one launcher whose clusters are listed by their files
+        assert [cluster["submission_id"] for cluster in listed] == [request.submission_id]
+    else:
+        assert listed == []
 
 
 def test_stop_is_idempotent(subject: Subject) -> None:

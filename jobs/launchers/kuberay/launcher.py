@@ -100,14 +100,23 @@ class KubeRayLauncher:
         Already gone is fine; another API error raises LaunchError."""
         self._kube.delete_rayjob(handle["namespace"], handle["name"])
 
-    def find_clusters(
-        self, target_config: dict[str, Any], *, submission_id: str | None = None
-    ) -> list[dict[str, Any]]:
-        """None: a RayJob is named by its attempt (the request's cluster_name), so a start
-        repeated after a crash adopts it rather than leaving it behind, and KubeRay deletes it
-        after it finishes (``ttlSecondsAfterFinished``) or outlives ``activeDeadlineSeconds``.
-        Finding one by label instead would need rights to list RayJobs in every namespace,
-        which a tenant's kubeconfig seldom grants."""
+    def find_started(self, request: LaunchRequest) -> list[dict[str, Any]]:
+        """The request's RayJob, when it exists and carries its submission id: a RayJob is named
+        by its attempt (the request's cluster_name) in a namespace the request determines, so
+        one read finds it without a stored handle. Raises LaunchError when the API server
+        cannot say."""
+        manifest = render_rayjob(request)
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        existing = self._kube.get_rayjob(namespace, name)
+        if existing is None or (existing.get("spec") or {}).get("jobId") != request.submission_id:
+            return []
+        return [{"namespace": namespace, "name": name, "submission_id": request.submission_id}]
+
+    def find_clusters(self, target_config: dict[str, Any]) -> list[dict[str, Any]]:
+        """None: listing RayJobs by label would need rights to list them in every namespace,
+        which a tenant's kubeconfig seldom grants. The RayJobs of ended attempts are deleted
+        by :meth:`stop`, or by KubeRay after they finish (``ttlSecondsAfterFinished``) or
+        outlive ``activeDeadlineSeconds``."""
         return []
 
     def close(self) -> None:

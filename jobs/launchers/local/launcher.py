@@ -244,15 +244,16 @@ class LocalRayLauncher:
         except Exception:
             logger.exception("Stopping local Ray cluster %s failed", handle.get("cluster_name"))
 
-    def find_clusters(
-        self, target_config: dict[str, Any], *, submission_id: str | None = None
-    ) -> list[dict[str, Any]]:
+    def find_started(self, request: LaunchRequest) -> list[dict[str, Any]]:
+        """The request's clusters among :meth:`find_clusters`: each wrote its handle next to
+        itself before its first node started."""
+        found = self.find_clusters(request.target_config)
+        return [h for h in found if h.get("submission_id") == request.submission_id]
+
+    def find_clusters(self, target_config: dict[str, Any]) -> list[dict[str, Any]]:
         """The clusters whose dirs (with their ``handle.json``) exist under the target's
-        ``work_dir``, running or not; only those of ``submission_id`` when given."""
-        handles = discover_handles((target_config or {}).get("work_dir"))
-        if submission_id is None:
-            return handles
-        return [h for h in handles if h.get("submission_id") == submission_id]
+        ``work_dir``, running or not."""
+        return discover_handles((target_config or {}).get("work_dir"))
 
     # -- beyond the contract -------------------------------------------------------------------
 
