@@ -25,7 +25,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 from rest_framework import status
 
-from config.errors import DomainError, InvalidInput
+from config.errors import Conflict, DomainError, InvalidInput
 from quotas import selectors as quota_selectors
 from quotas import services as quota_services
 from quotas.ledger import Held, Ledger, budget_overrun, month_start, victims_for
@@ -305,9 +305,8 @@ def explain(job: Job) -> dict[str, Any] | None:
 # --- at submission -------------------------------------------------------------------------
 
 
-class BudgetExhausted(DomainError):
+class BudgetExhausted(Conflict):
     type = "budget_exhausted"
-    status_code = status.HTTP_409_CONFLICT
 
 
 class QueueFull(DomainError):

@@ -106,25 +106,22 @@ def drift_over_limits() -> dict[str, int]:
     """How many organisations and workspaces hold more than their capacity, limit or
     max-running cap allows (0 everywhere when admission kept its invariants)."""
     drift = {"over_capacity": 0, "over_limit": 0, "over_running": 0}
-    active = active_reservations()
-    capacities = {q.organization_id: q for q in OrgQuota.objects.all()}
-    for row in active.values("organization_id").annotate(**TOTALS):
-        quota = capacities.get(row["organization_id"])
-        if quota is None:
-            continue
-        for name in RESOURCES:
-            cap = getattr(quota, name)
-            drift["over_capacity"] += int(cap is not None and row[name] > cap + EPSILON)
-        cap = quota.max_running_jobs
-        drift["over_running"] += int(cap is not None and row["jobs"] > cap)
-    limits = {q.workspace_id: q for q in WorkspaceQuota.objects.all()}
-    for row in active.values("workspace_id").annotate(**TOTALS):
-        quota = limits.get(row["workspace_id"])
-        if quota is None:
-            continue
-        for name in RESOURCES:
-            limit = getattr(quota, f"limit_{name}")
-            drift["over_limit"] += int(limit is not None and row[name] > limit + EPSILON)
-        cap = quota.max_running_jobs
-        drift["over_running"] += int(cap is not None and row["jobs"] > cap)
+    scopes = (
+        (
+            "organization_id",
+            {q.organization_id: q for q in OrgQuota.objects.all()},
+            "over_capacity",
+        ),
+        ("workspace_id", {q.workspace_id: q for q in WorkspaceQuota.objects.all()}, "over_limit"),
+    )
+    for scope, quotas, over in scopes:
+        for row in active_reservations().values(scope).annotate(**TOTALS):
+            quota = quotas.get(row[scope])
+            if quota is None:
+                continue
+            ceilings = quota.capacity() if over == "over_capacity" else quota.limit()
+            for name, ceiling in ceilings.items():
+                drift[over] += int(ceiling is not None and row[name] > ceiling + EPSILON)
+            cap = quota.max_running_jobs
+            drift["over_running"] += int(cap is not None and row["jobs"] > cap)
     return drift
