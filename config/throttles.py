@@ -3,18 +3,27 @@ submissions per user and per workspace.
 
 DRF's ``SimpleRateThrottle`` over Django's default cache, which every API process shares (Redis in
 production, see ``CACHES`` in config/settings.py); rates come from
-``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` by scope. A refused request answers 429 ``throttled``
-with ``Retry-After`` (config/errors.py keeps DRF's header).
+``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` by scope. DRF reads a key's history, then writes it
+back: concurrent requests would each count against the history they read and slip past the
+limit, so each key's read and write happen under a lock (:func:`counted_alone`). A refused
+request answers 429 ``throttled`` with ``Retry-After`` (config/errors.py keeps DRF's header).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import ipaddress
 import logging
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
+from django.core.cache.backends.base import BaseCache
+from django.core.cache.backends.filebased import FileBasedCache
+from django.core.cache.backends.redis import RedisCache
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from redis.exceptions import RedisError
@@ -59,6 +68,36 @@ def client_address(ident: str | None) -> str:
     return str(address)
 
 
+LOCK_SECONDS = 5  # a lock outlives a process that died holding it by this much at most
+FILE_LOCK_STRIPES = 64  # lock files of the file cache: keys share them, a bounded number
+_in_process = threading.Lock()
+
+
+@contextlib.contextmanager
+def counted_alone(cache: BaseCache, key: str) -> Iterator[None]:
+    """Hold ``key``'s throttle lock, across every process sharing ``cache``: a Redis lock beside
+    the key, an flock on one of the file cache's lock files, or (a per-process cache) a thread
+    lock. A Redis lock not got within ``LOCK_SECONDS`` raises a RedisError (the throttle then
+    lets the request by, as for any cache outage)."""
+    if isinstance(cache, RedisCache):
+        client = cache._cache.get_client(key, write=True)
+        lock = client.lock(
+            f"{cache.make_key(key)}:lock", timeout=LOCK_SECONDS, blocking_timeout=LOCK_SECONDS
+        )
+        with lock:
+            yield
+    elif isinstance(cache, FileBasedCache):
+        stripe = int(hashlib.sha256(key.encode()).hexdigest(), 16) % FILE_LOCK_STRIPES
+        path = Path(cache._dir) / f"throttle-{stripe}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield  # closing the file releases the lock
+    else:
+        with _in_process:
+            yield
+
+
 class RateThrottle(SimpleRateThrottle):
     """``SimpleRateThrottle`` with the rate read when the throttle is made (DRF's class attribute
     is read once, at import), periods such as ``30m``, an empty rate meaning off, a ``wait()``
@@ -74,8 +113,14 @@ class RateThrottle(SimpleRateThrottle):
         return (None, None) if rate is None else parse_rate(rate)
 
     def allow_request(self, request, view) -> bool:
+        if self.rate is None:
+            return True
+        key = self.get_cache_key(request, view)
+        if key is None:
+            return True
         try:
-            return super().allow_request(request, view)
+            with counted_alone(self.cache, key):
+                return super().allow_request(request, view)
         except (RedisError, DatabaseError, OSError):
             # Login and submission matter more than their limits while the cache is away.
             logger.warning(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -373,3 +374,39 @@ def test_settings_defaults_and_the_cache_they_pick():
         CELERY_BROKER_URL="redis://redis:6379/0", MANTA_CACHE_URL="redis://cache:6379/2"
     )
     assert own.stdout.splitlines()[1].endswith("redis://cache:6379/2")
+
+
+@pytest.fixture
+def file_cache(settings, tmp_path):
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": str(tmp_path / "cache"),
+        }
+    }
+
+
+@pytest.mark.parametrize("backend", ["redis_cache", "file_cache"])
+def test_concurrent_requests_never_slip_past_the_limit(rates, backend, request):
+    """Eight clients at once, five requests each, against a limit of ten: exactly ten pass.
+    (Unlocked, each would count against the history it read, and more would pass.)"""
+    request.getfixturevalue(backend)
+    rates(login_ip="10/min")
+    from django.test import RequestFactory
+
+    factory = RequestFactory()
+    start = threading.Barrier(8)
+    allowed = []
+
+    def client() -> None:
+        start.wait()
+        for _ in range(5):
+            incoming = factory.post(TOKENS, REMOTE_ADDR="198.51.100.7")
+            allowed.append(throttles.LoginIPThrottle().allow_request(incoming, None))
+
+    threads = [threading.Thread(target=client) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert allowed.count(True) == 10, allowed.count(True)
