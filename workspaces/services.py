@@ -100,17 +100,14 @@ ORG_EDITABLE = ["name", "allowed_image_prefixes", "max_nodes_per_job"]
 @transaction.atomic
 def org_update(*, actor: Actor, organization: Organization, data: dict[str, Any]) -> Organization:
     org = Organization.objects.select_for_update().get(pk=organization.pk)
-    before = audit.snapshot(org, ORG_EDITABLE)
-    for field in ORG_EDITABLE:
-        if field in data:
-            setattr(org, field, data[field])
-    changes = audit.diff(org, before, ORG_EDITABLE)
-    if changes:
-        clean_or_raise(org)
-        org.save(update_fields=list(changes))
-        audit.record(
-            actor=actor, action="org.update", target=org, organization=org, changes=changes
-        )
+    audit.model_update(
+        instance=org,
+        fields=ORG_EDITABLE,
+        data=data,
+        actor=actor,
+        action="org.update",
+        organization=org,
+    )
     return org
 
 
@@ -318,35 +315,36 @@ APPROVAL_SETTINGS = frozenset({"approval_policy", "approval_thresholds"})
 def workspace_update(*, actor: Actor, workspace: Workspace, data: dict[str, Any]) -> Workspace:
     ws = Workspace.objects.select_for_update().select_related("organization").get(pk=workspace.pk)
     require_active(ws)
-    before = audit.snapshot(ws, WORKSPACE_EDITABLE)
-    for field in WORKSPACE_EDITABLE:
-        if field in data:
-            setattr(ws, field, data[field])
-    changes = audit.diff(ws, before, WORKSPACE_EDITABLE)
-    # Who approves is the organisation's call: a workspace admin could otherwise switch approval
-    # off, submit their own job, and switch it back.
-    approval = sorted(set(changes) & APPROVAL_SETTINGS)
-    if approval and not _is_org_admin(actor, ws.organization):
-        raise Forbidden(
-            f"{approval[0]}: only organisation owners and admins change approval settings",
-            errors={
-                name: ["only organisation owners and admins may change it"] for name in approval
-            },
+
+    def validate(changes: dict[str, list]) -> None:
+        # Who approves is the organisation's call: a workspace admin could otherwise switch
+        # approval off, submit their own job, and switch it back.
+        approval = sorted(set(changes) & APPROVAL_SETTINGS)
+        if approval and not _is_org_admin(actor, ws.organization):
+            raise Forbidden(
+                f"{approval[0]}: only organisation owners and admins change approval settings",
+                errors={
+                    name: ["only organisation owners and admins may change it"] for name in approval
+                },
+            )
+        target_known = (
+            ws.compute_target == "local"
+            or ComputeTarget.objects.filter(
+                organization_id=ws.organization_id, name=ws.compute_target
+            ).exists()
         )
-    target_known = (
-        ws.compute_target == "local"
-        or ComputeTarget.objects.filter(
-            organization_id=ws.organization_id, name=ws.compute_target
-        ).exists()
+        if "compute_target" in changes and not target_known:
+            raise InvalidInput.on("compute_target", "no compute target with this name")
+
+    audit.model_update(
+        instance=ws,
+        fields=WORKSPACE_EDITABLE,
+        data=data,
+        actor=actor,
+        action="workspace.update",
+        validate=validate,
+        workspace=ws,
     )
-    if "compute_target" in changes and not target_known:
-        raise InvalidInput.on("compute_target", "no compute target with this name")
-    if changes:
-        clean_or_raise(ws)
-        ws.save(update_fields=list(changes))
-        audit.record(
-            actor=actor, action="workspace.update", target=ws, workspace=ws, changes=changes
-        )
     return ws
 
 
