@@ -129,7 +129,7 @@ def build_rows(world) -> Rows:
     ).template
     world.ws.approval_policy = "always"  # the job waits: approve, reject and cancel reach it
     world.ws.save()
-    job, _ = job_services.job_submit(
+    job = job_services.job_submit(
         actor=Actor.for_user(world.users["developer"]), workspace=world.ws, template=template
     )
     source = sources.source_create(
