@@ -47,8 +47,8 @@ from packages.services import sha_of as package_sha
 from packages.services import storage as package_storage
 from packages.sources import CodeUnavailable
 from packages.sources import fetch as fetch_code
+from workspaces.compute_targets import compute_target_secrets
 from workspaces.models import ComputeTarget, ComputeTargetKind
-from workspaces.services import compute_target_secrets
 
 from .launchers import launcher_for, ray_jobs
 from .launchers.base import (

@@ -8,7 +8,7 @@ from django.core import mail
 from audit.context import Actor
 from jobs import services as job_services
 from notifications import dispatch
-from workspaces.services import notification_preferences_update
+from workspaces.identity import notification_preferences_update
 
 from .conftest import emit
 
