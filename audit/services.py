@@ -4,12 +4,14 @@ commits or rolls back with the change it describes."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connection, models, transaction
 from django.utils import timezone
 
 from config.db import copy_insert
+from config.errors import clean_or_raise
 
 from .actions import is_registered
 from .chain import event_hash, org_chain
@@ -48,6 +50,56 @@ def diff(instance: models.Model, before: dict[str, Any], fields: list[str]) -> d
 
 def snapshot(instance: models.Model, fields: list[str]) -> dict[str, Any]:
     return {name: getattr(instance, name) for name in fields}
+
+
+def model_update(
+    *,
+    instance: models.Model,
+    fields: list[str],
+    data: dict[str, Any],
+    actor: Actor,
+    action: str,
+    validate: Callable[[dict[str, list]], None] | None = None,
+    full_clean: bool = True,
+    also: dict[str, Any] | None = None,
+    target_repr: str | None = None,
+    **scope: Any,
+) -> dict[str, list]:
+    """Set on ``instance`` the ``fields`` that ``data`` holds (nothing else) and return what
+    changed, ``{"field": [old, new]}``. When something did, save the changed fields (and the
+    model's ``auto_now`` ones) and record ``action`` with the changes in the same transaction;
+    when nothing did, save and record nothing.
+
+    Before saving: ``validate(changes)`` checks rules that need other rows (it runs even when
+    nothing changed); then, with ``full_clean``, the model's own validation, a failure raised as
+    an ``InvalidInput`` naming the field. ``also`` holds values that go with a change without
+    being part of it (bookkeeping), set and saved only when something changed. ``scope`` is the
+    ``organization``/``workspace`` of :func:`record`.
+    """
+    before = snapshot(instance, fields)
+    for name in fields:
+        if name in data:
+            setattr(instance, name, data[name])
+    changes = diff(instance, before, fields)
+    if validate is not None:
+        validate(changes)
+    if not changes:
+        return changes
+    for name, value in (also or {}).items():
+        setattr(instance, name, value)
+    if full_clean:
+        clean_or_raise(instance)
+    stamped = [f.name for f in instance._meta.concrete_fields if getattr(f, "auto_now", False)]
+    instance.save(update_fields=[*changes, *(also or {}), *stamped])
+    record(
+        actor=actor,
+        action=action,
+        target=instance,
+        target_repr=target_repr,
+        changes=changes,
+        **scope,
+    )
+    return changes
 
 
 # No savepoint: an audit write that fails must fail the whole change it describes.

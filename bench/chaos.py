@@ -139,9 +139,7 @@ def main() -> None:
     ray_dir = env["MANTA_LOCAL_RAY_DIR"]
 
     def submit() -> int:
-        job, _ = job_services.job_submit(
-            actor=world["dev"], workspace=ws, template=world["template"]
-        )
+        job = job_services.job_submit(actor=world["dev"], workspace=ws, template=world["template"])
         return job.pk
 
     def running_attempt() -> JobAttempt:

@@ -113,7 +113,7 @@ def bench_workspace(spec: dict, *, target: dict | None = None) -> dict:
     starts at the approval), optionally on a compute target, and a template of ``spec``."""
     from audit.context import Actor
     from jobs import services as job_services
-    from workspaces import services
+    from workspaces import compute_targets, services
 
     system = Actor.system("bench")
     org, owner = services.org_create(actor=system, slug="bench", name="", owner_email="o@b.test")
@@ -124,7 +124,7 @@ def bench_workspace(spec: dict, *, target: dict | None = None) -> dict:
     services.member_add(actor=system, workspace=ws, email=dev.email, role="developer")
     data = {"approval_policy": "always"}
     if target:
-        services.compute_target_create(actor=system, organization=org, **target)
+        compute_targets.compute_target_create(actor=system, organization=org, **target)
         data["compute_target"] = target["name"]
     ws = services.workspace_update(actor=system, workspace=ws, data=data)
     template = job_services.template_create(

@@ -50,7 +50,7 @@ def main() -> None:
                 time.sleep(0.001)
             noop.append(float(value) - sent)
 
-            job, _ = job_services.job_submit(
+            job = job_services.job_submit(
                 actor=setup["dev"], workspace=setup["ws"], template=setup["template"]
             )
             job_services.job_approve(actor=setup["admin"], job=job)

@@ -154,9 +154,7 @@ def through_manta(setup) -> dict[str, float]:
     from jobs import services
     from jobs.models import Job, JobAttempt
 
-    job, _ = services.job_submit(
-        actor=setup["dev"], workspace=setup["ws"], template=setup["template"]
-    )
+    job = services.job_submit(actor=setup["dev"], workspace=setup["ws"], template=setup["template"])
     t0 = time.monotonic()
     services.job_approve(actor=setup["admin"], job=job)
     while True:

@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=100)
     args = parser.parse_args()
     env = configure("manta_bench_logs", MANTA_FOLLOW_INTERVAL_SECONDS="0.5")
+    from workspaces import identity
     from workspaces import services as ws_services
 
     lines = args.mb * 10_000  # 100-byte lines
@@ -88,7 +89,7 @@ def main() -> None:
     ws = ws_services.workspace_update(
         actor=world["admin"], workspace=world["ws"], data={"approval_policy": "auto"}
     )
-    _, token = ws_services.token_create(actor=world["dev"], user=world["dev"].user)
+    _, token = identity.token_create(actor=world["dev"], user=world["dev"].user)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -13,8 +13,8 @@ from packages.models import URI_PREFIX as PACKAGE_URI_PREFIX
 from packages.services import download_url as package_download_url
 from packages.services import local_path as package_path
 from packages.services import sha_of as package_sha
+from workspaces.compute_targets import compute_target_secrets
 from workspaces.models import ComputeTarget, ComputeTargetKind
-from workspaces.services import compute_target_secrets
 
 from .launchers import launcher_for
 from .launchers.base import (

@@ -109,8 +109,6 @@ class Job(models.Model):
     decision_reason = models.CharField(max_length=1000, blank=True)
     failure_reason = models.CharField(max_length=64, blank=True)
     message = models.TextField(blank=True)
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
-    idempotency_fingerprint = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     queued_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -119,13 +117,6 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["id"]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["workspace", "submitted_by", "idempotency_key"],
-                condition=models.Q(idempotency_key__isnull=False),
-                name="uniq_job_idempotency_key",
-            ),
-        ]
         indexes = [
             models.Index(fields=["workspace", "state"], name="job_ws_state_idx"),
             # the admission order, read in chunks: per organisation and per workspace

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 from rest_framework import serializers
 
@@ -31,10 +29,6 @@ from .state import record_event, run_state_hooks, transition
 
 class SelfApprovalForbidden(Forbidden):
     type = "self_approval_forbidden"
-
-
-class IdempotencyKeyReused(Conflict):
-    type = "idempotency_key_reused"
 
 
 def _validate_overrides_list(value: Any) -> list[str]:
@@ -273,15 +267,11 @@ def approval_needed(workspace: Workspace, spec: dict, requested: dict[str, float
     return ""
 
 
-def _fingerprint(template_id: int, name: str, overrides: dict[str, Any]) -> str:
-    body = json.dumps([template_id, name, overrides], sort_keys=True, default=str)
-    return hashlib.sha256(body.encode()).hexdigest()
-
-
 def host_capacity_for(workspace: Workspace) -> dict[str, float | None] | None:
     return host_capacity() if targets_host(workspace) else None
 
 
+@transaction.atomic
 def job_submit(
     *,
     actor: Actor,
@@ -290,46 +280,12 @@ def job_submit(
     spec: dict[str, Any] | None = None,
     name: str = "",
     overrides: dict[str, Any] | None = None,
-    idempotency_key: str | None = None,
-) -> tuple[Job, bool]:
-    """Submit a job from the template's latest version, or (``template=None``) with a ``spec``
-    of its own where the workspace allows ad-hoc jobs. Returns (job, created): a retried call
-    with the same Idempotency-Key returns the first job and creates nothing."""
-    overrides = overrides or {}
-    fingerprint = _fingerprint(template.pk if template else None, name, overrides or spec)
-    if idempotency_key:
-        existing = _replay(workspace, actor, idempotency_key, fingerprint)
-        if existing is not None:
-            return existing, False
-    require_active(workspace)
-    try:
-        with transaction.atomic():
-            return _job_create(
-                actor, workspace, template, spec, name, overrides, idempotency_key, fingerprint
-            ), True
-    except IntegrityError:
-        # A concurrent request with the same key committed first.
-        existing = idempotency_key and _replay(workspace, actor, idempotency_key, fingerprint)
-        if existing:
-            return existing, False
-        raise
-
-
-def _replay(workspace, actor: Actor, key: str, fingerprint: str) -> Job | None:
-    job = Job.objects.filter(
-        workspace=workspace, submitted_by_id=actor.user_id, idempotency_key=key
-    ).first()
-    if job is not None and job.idempotency_fingerprint != fingerprint:
-        raise IdempotencyKeyReused(
-            "this Idempotency-Key was used for a different submission",
-            errors={"Idempotency-Key": ["already used with another request body"]},
-        )
-    return job
-
-
-def _job_create(
-    actor, workspace, template, spec, name, overrides, idempotency_key, fingerprint
 ) -> Job:
+    """Submit a job from the template's latest version, or (``template=None``) with a ``spec``
+    of its own where the workspace allows ad-hoc jobs. (A retried request is answered by the
+    API's ``Idempotency-Key`` handling before it gets here.)"""
+    overrides = overrides or {}
+    require_active(workspace)
     if template is None:
         version, spec = None, adhoc_spec(workspace, spec)
         name = name or "adhoc"
@@ -358,8 +314,6 @@ def _job_create(
         submitted_by=actor.user,
         approval_required=bool(reason),
         approval_reason=reason,
-        idempotency_key=idempotency_key or None,
-        idempotency_fingerprint=fingerprint if idempotency_key else "",
         queued_at=None if reason else timezone.now(),
     )
     job = Job.objects.select_related("workspace", "organization", "submitted_by").get(pk=job.pk)

@@ -114,36 +114,30 @@ def webhook_update(
     *, actor: Actor, endpoint: WebhookEndpoint, data: dict[str, Any]
 ) -> WebhookEndpoint:
     endpoint = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
-    before = audit.snapshot(endpoint, ENDPOINT_EDITABLE)
     if "event_types" in data:
         data["event_types"] = _clean_event_types(
             data["event_types"], org_level=endpoint.workspace_id is None
         )
     if "url" in data and data["url"] != endpoint.url:
         _check_url(data["url"])
-    for field in ENDPOINT_EDITABLE:
-        if field in data:
-            setattr(endpoint, field, data[field])
-    changes = audit.diff(endpoint, before, ENDPOINT_EDITABLE)
-    if not changes:
-        return endpoint
-    fields = [*changes, "updated_at"]
-    if changes.get("enabled") == [False, True]:  # re-enabled: a fresh start
-        endpoint.disabled_reason, endpoint.disabled_at, endpoint.failing_since = "", None, None
-        fields += ["disabled_reason", "disabled_at", "failing_since"]
-    if AUDIT_EVENT in endpoint.event_types and AUDIT_EVENT not in before["event_types"]:
-        endpoint.audit_cursor = audit_head(endpoint.organization_id)  # stream from now on
-        fields.append("audit_cursor")
-    endpoint.save(update_fields=fields)
-    audit.record(
+    reenabled = data.get("enabled") is True and endpoint.enabled is False
+    bookkeeping: dict[str, Any] = {}
+    if reenabled:  # a fresh start
+        bookkeeping.update(disabled_reason="", disabled_at=None, failing_since=None)
+    if AUDIT_EVENT in data.get("event_types", []) and AUDIT_EVENT not in endpoint.event_types:
+        bookkeeping["audit_cursor"] = audit_head(endpoint.organization_id)  # stream from now on
+    audit.model_update(
+        instance=endpoint,
+        fields=ENDPOINT_EDITABLE,
+        data=data,
         actor=actor,
         action="webhook.update",
-        target=endpoint,
+        full_clean=False,
+        also=bookkeeping,
         organization=endpoint.organization,
         workspace=endpoint.workspace,
-        changes=changes,
     )
-    if changes.get("enabled") == [False, True]:
+    if reenabled:
         _deliver_on_commit(endpoint.pk)  # what waited while it was disabled
     return endpoint
 

@@ -59,25 +59,25 @@ def _check_consistency(org_q: OrgQuota, ws_quotas: list[WorkspaceQuota]) -> None
             )
 
 
-def _update(instance, fields: list[str], data: dict[str, Any]) -> dict[str, list]:
-    before = audit.snapshot(instance, fields)
-    for field in fields:
-        if field in data:
-            setattr(instance, field, data[field])
-    return audit.diff(instance, before, fields)
-
-
 @transaction.atomic
 def org_quota_update(*, actor: Actor, organization, data: dict[str, Any]) -> OrgQuota:
     quota, _ = OrgQuota.objects.select_for_update().get_or_create(organization=organization)
-    changes = _update(quota, ORG_FIELDS, data)
     ws_quotas = list(
         WorkspaceQuota.objects.filter(
             workspace__organization=organization, workspace__archived_at=None
         )
     )
-    _check_consistency(quota, ws_quotas)
-    _save(actor, quota, changes, f"quota of {organization.slug}", organization=organization)
+    audit.model_update(
+        instance=quota,
+        fields=ORG_FIELDS,
+        data=data,
+        actor=actor,
+        action="quota.update",
+        validate=lambda _: _check_consistency(quota, ws_quotas),
+        full_clean=False,
+        target_repr=f"quota of {organization.slug}",
+        organization=organization,
+    )
     return quota
 
 
@@ -88,28 +88,23 @@ def workspace_quota_update(*, actor: Actor, workspace, data: dict[str, Any]) -> 
         organization=workspace.organization
     )
     quota, _ = WorkspaceQuota.objects.select_for_update().get_or_create(workspace=workspace)
-    changes = _update(quota, WS_FIELDS, data)
     others = list(
         WorkspaceQuota.objects.filter(
             workspace__organization=workspace.organization, workspace__archived_at=None
         ).exclude(pk=quota.pk)
     )
-    _check_consistency(org_q, [*others, quota])
-    _save(actor, quota, changes, f"quota of {workspace}", workspace=workspace)
+    audit.model_update(
+        instance=quota,
+        fields=WS_FIELDS,
+        data=data,
+        actor=actor,
+        action="quota.update",
+        validate=lambda _: _check_consistency(org_q, [*others, quota]),
+        full_clean=False,
+        target_repr=f"quota of {workspace}",
+        workspace=workspace,
+    )
     return quota
-
-
-def _save(actor: Actor, quota, changes: dict[str, list], label: str, **scope) -> None:
-    if changes:
-        quota.save()
-        audit.record(
-            actor=actor,
-            action="quota.update",
-            target=quota,
-            target_repr=label,
-            changes=changes,
-            **scope,
-        )
 
 
 def reservations_hold(

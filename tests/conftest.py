@@ -10,7 +10,7 @@ from django.db import transaction
 from rest_framework.test import APIClient
 
 from audit.context import Actor
-from workspaces import services
+from workspaces import identity, services
 from workspaces.models import Organization, User, Workspace
 
 SYSTEM = Actor.system("tests")
@@ -61,7 +61,7 @@ def build_world() -> World:
     for who, role in [("ws_admin", "admin"), ("developer", "developer"),
                       ("developer2", "developer"), ("viewer", "viewer")]:  # fmt: skip
         services.member_add(actor=SYSTEM, workspace=ws, email=users[who].email, role=role)
-    tokens = {who: services.token_create(actor=SYSTEM, user=u)[1] for who, u in users.items()}
+    tokens = {who: identity.token_create(actor=SYSTEM, user=u)[1] for who, u in users.items()}
     return World(org=org, ws=ws, other_org=other, users=users, tokens=tokens)
 
 

@@ -20,7 +20,7 @@ from tests.notifications import test_matrix as webhooks_matrix
 from tests.packages import test_matrix as packages_matrix
 from tests.quotas import test_api as quotas_matrix
 from tests.workspaces import test_api_matrix as workspaces_matrix
-from workspaces import services
+from workspaces import compute_targets, identity
 from workspaces.models import ComputeTarget
 
 API = "/api/v1/"
@@ -39,12 +39,12 @@ def public_hosts(monkeypatch):
 
 
 def a_token_of_the_developer(world):
-    token, _ = services.token_create(actor=SYSTEM, user=world.users["developer"], name="ci")
+    token, _ = identity.token_create(actor=SYSTEM, user=world.users["developer"], name="ci")
     return {"token": token.pk}
 
 
 def a_target(world):
-    target = services.compute_target_create(
+    target = compute_targets.compute_target_create(
         actor=SYSTEM, organization=world.org, name="shared-ray", **RAY
     )
     return {"target": target.pk}

@@ -46,7 +46,7 @@ from packages import sources
 from tests.conftest import PASSWORD, SYSTEM
 from tests.jobs.conftest import counter_spec
 from tests.test_route_matrix import zip_bytes
-from workspaces import services
+from workspaces import compute_targets, identity
 from workspaces.invitations import invitation_create
 from workspaces.models import WorkspaceMembership
 
@@ -113,7 +113,7 @@ class Rows:
 def build_rows(world) -> Rows:
     """One of everything a path can name; names differ from the schema's examples (a create
     from an example must not collide with them)."""
-    target = services.compute_target_create(
+    target = compute_targets.compute_target_create(
         actor=SYSTEM, organization=world.org, name="ray-fixture", **RAY
     )
     invitation, _ = invitation_create(
@@ -129,7 +129,7 @@ def build_rows(world) -> Rows:
     ).template
     world.ws.approval_policy = "always"  # the job waits: approve, reject and cancel reach it
     world.ws.save()
-    job, _ = job_services.job_submit(
+    job = job_services.job_submit(
         actor=Actor.for_user(world.users["developer"]), workspace=world.ws, template=template
     )
     source = sources.source_create(
@@ -153,7 +153,7 @@ def build_rows(world) -> Rows:
         hooks[scope] = (endpoint.pk, delivery.pk)
     return Rows(
         token={
-            who: services.token_create(actor=SYSTEM, user=world.users[who], name="ci")[0].pk
+            who: identity.token_create(actor=SYSTEM, user=world.users[who], name="ci")[0].pk
             for who in PRINCIPALS
         },
         target=target.pk,

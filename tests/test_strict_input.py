@@ -17,8 +17,7 @@ from packages import sources
 from quotas.models import OrgQuota, WorkspaceQuota
 from tests.conftest import SYSTEM
 from tests.jobs.conftest import counter_spec, submit
-from workspaces import invitations
-from workspaces import services as workspace_services
+from workspaces import compute_targets, identity, invitations
 from workspaces.models import WorkspaceMembership
 
 ORG = "/api/v1/orgs/acme/"
@@ -87,8 +86,8 @@ def ids(world, template, settings, monkeypatch):
     sources.source_create(
         actor=SYSTEM, workspace=world.ws, name="trainer", url="https://git.example.com/t.git"
     )
-    token, _ = workspace_services.token_create(actor=SYSTEM, user=world.users["owner"])
-    target = workspace_services.compute_target_create(
+    token, _ = identity.token_create(actor=SYSTEM, user=world.users["owner"])
+    target = compute_targets.compute_target_create(
         actor=SYSTEM, organization=world.org, name="spare", kind="local", config={}
     )
     member = WorkspaceMembership.objects.get(workspace=world.ws, user=world.users["developer2"])

@@ -1,7 +1,7 @@
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
-from .services import token_authenticate
+from .identity import token_authenticate
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):

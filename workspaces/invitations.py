@@ -22,8 +22,9 @@ from audit import services as audit
 from audit.context import Actor
 from config.errors import Forbidden, InvalidCredentials, InvalidInput
 
+from .identity import require_valid_password, sync_staff, token_hash
 from .models import Invitation, Organization, OrgMembership, OrgRole, User
-from .services import _check_password, _is_owner, _sync_staff, token_hash
+from .services import _is_owner
 
 TOKEN_PREFIX = "inv_"
 # The same refusal for an unknown, used, revoked or expired token.
@@ -121,7 +122,7 @@ def invitation_accept(
                 errors={"password": ["wrong password for the invited account"]},
             )
     else:
-        _check_password(password, User(email=invitation.email, full_name=full_name))
+        require_valid_password(password, User(email=invitation.email, full_name=full_name))
         account = User.objects.create_user(invitation.email, password, full_name=full_name)
     account = user or account
     try:
@@ -131,7 +132,7 @@ def invitation_accept(
             )
     except IntegrityError:  # a member already: the invitation is used up all the same
         membership = OrgMembership.objects.get(organization=invitation.organization, user=account)
-    _sync_staff(account)
+    sync_staff(account)
     invitation.accepted_at = timezone.now()
     invitation.save(update_fields=["accepted_at"])
     audit.record(

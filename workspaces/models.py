@@ -1,6 +1,7 @@
 """Identity and tenancy: users, organisations, workspaces, memberships and API tokens.
 
-Writes go through ``workspaces/services.py``; nothing here changes more than its own row.
+Writes go through ``services`` (tenancy), ``identity`` (credentials), ``compute_targets`` and
+``invitations``; nothing here changes more than its own row.
 """
 
 from __future__ import annotations

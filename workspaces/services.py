@@ -1,31 +1,26 @@
-"""Every write to identity and tenancy. Each function validates, changes rows, and records its audit
-event in the same transaction."""
+"""Every write to tenancy: organisations, workspaces and their members. Each function validates,
+changes rows, and records its audit event in the same transaction. (Accounts' credentials and
+settings are in ``identity``, compute targets in ``compute_targets``, invitations in
+``invitations``.)"""
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
-import secrets
 from typing import Any
 
 from django.contrib.auth.models import Group
-from django.contrib.auth.password_validation import validate_password
-from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from guardian.shortcuts import assign_perm
 
 from audit import services as audit
 from audit.context import Actor
-from config import secrets as secrets_box
 from config.errors import Conflict, Forbidden, InvalidInput, clean_or_raise
 from outbox.services import event_emit
 
-from . import roles, selectors
+from . import roles
 from .archive import require_active
+from .identity import require_valid_password, sync_staff
 from .models import (
-    EMAIL_CATEGORIES,
-    ApiToken,
     ComputeTarget,
     Organization,
     OrgMembership,
@@ -38,28 +33,10 @@ from .models import (
 )
 from .roles import CODENAMES, WORKSPACE_ROLE_PERMISSIONS
 
-TOKEN_PREFIX = "mnt_"
 DEFAULT_IMAGE_PREFIXES = ["rayproject/"]
 
 
-# --- users and organisations -------------------------------------------------------------------
-
-
-def _check_password(password: str, user: User | None = None) -> None:
-    try:
-        validate_password(password, user)
-    except DjangoValidationError as exc:
-        message = "password: " + " ".join(exc.messages)
-        raise InvalidInput(message, errors={"password": exc.messages}) from exc
-
-
-def _sync_staff(user: User) -> None:
-    """Staff (admin panel access) follows "administers at least one org"; superusers keep it."""
-    administers = user.org_memberships.filter(role__in=[OrgRole.OWNER, OrgRole.ADMIN]).exists()
-    is_staff = administers or user.is_superuser
-    if user.is_staff != is_staff:
-        user.is_staff = is_staff
-        user.save(update_fields=["is_staff"])
+# --- organisations -----------------------------------------------------------------------------
 
 
 @transaction.atomic
@@ -80,10 +57,10 @@ def org_create(
     owner = User.objects.filter(email__iexact=owner_email).first()
     if owner is None:
         if owner_password:
-            _check_password(owner_password, User(email=owner_email))
+            require_valid_password(owner_password, User(email=owner_email))
         owner = User.objects.create_user(owner_email, owner_password)
     OrgMembership.objects.create(organization=org, user=owner, role=OrgRole.OWNER)
-    _sync_staff(owner)
+    sync_staff(owner)
     audit.record(
         actor=actor,
         action="org.create",
@@ -100,17 +77,14 @@ ORG_EDITABLE = ["name", "allowed_image_prefixes", "max_nodes_per_job"]
 @transaction.atomic
 def org_update(*, actor: Actor, organization: Organization, data: dict[str, Any]) -> Organization:
     org = Organization.objects.select_for_update().get(pk=organization.pk)
-    before = audit.snapshot(org, ORG_EDITABLE)
-    for field in ORG_EDITABLE:
-        if field in data:
-            setattr(org, field, data[field])
-    changes = audit.diff(org, before, ORG_EDITABLE)
-    if changes:
-        clean_or_raise(org)
-        org.save(update_fields=list(changes))
-        audit.record(
-            actor=actor, action="org.update", target=org, organization=org, changes=changes
-        )
+    audit.model_update(
+        instance=org,
+        fields=ORG_EDITABLE,
+        data=data,
+        actor=actor,
+        action="org.update",
+        organization=org,
+    )
     return org
 
 
@@ -133,10 +107,10 @@ def user_create_in_org(
             f"an account for {email} exists: invite it (orgs/{organization.slug}/invitations/)",
             errors={"email": ["an account exists: invite it"]},
         )
-    _check_password(password, User(email=email, full_name=full_name))
+    require_valid_password(password, User(email=email, full_name=full_name))
     user = User.objects.create_user(email, password, full_name=full_name)
     membership = OrgMembership.objects.create(organization=organization, user=user, role=org_role)
-    _sync_staff(user)
+    sync_staff(user)
     audit.record(
         actor=actor,
         action="user.create",
@@ -162,97 +136,6 @@ def _is_owner(actor: Actor, organization: Organization) -> bool:
     return OrgMembership.objects.filter(
         organization=organization, user_id=actor.user_id, role=OrgRole.OWNER
     ).exists()
-
-
-@transaction.atomic
-def notification_preferences_update(
-    *, actor: Actor, user: User, preferences: dict[str, bool]
-) -> dict[str, bool]:
-    """Turn email categories on or off for ``user``; returns every category's setting."""
-    unknown = [key for key in preferences if key not in EMAIL_CATEGORIES]
-    if unknown:
-        raise InvalidInput.on(
-            f"notification_preferences.{unknown[0]}",
-            f"unknown category; choose from {', '.join(EMAIL_CATEGORIES)}",
-        )
-    user = User.objects.select_for_update().get(pk=user.pk)
-    current = selectors.notification_preferences_of(user)
-    merged = {**current, **{key: bool(value) for key, value in preferences.items()}}
-    changes = {k: [current[k], merged[k]] for k in merged if current[k] != merged[k]}
-    if changes:
-        user.notification_preferences = merged
-        user.save(update_fields=["notification_preferences"])
-        audit.record(
-            actor=actor,
-            action="user.notification_preferences",
-            target=user,
-            changes={"notification_preferences": [current, merged]},
-        )
-    return merged
-
-
-# --- API tokens --------------------------------------------------------------------------------
-
-
-def token_hash(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
-@transaction.atomic
-def token_create(
-    *, actor: Actor, user: User, name: str = "", expires_in_days: int | None = None
-) -> tuple[ApiToken, str]:
-    """Issue a token; the secret is returned once and never stored."""
-    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    expires_at = timezone.now() + dt.timedelta(days=expires_in_days) if expires_in_days else None
-    token = ApiToken.objects.create(
-        user=user,
-        name=name,
-        prefix=secret[: len(TOKEN_PREFIX) + 6],
-        key_hash=token_hash(secret),
-        expires_at=expires_at,
-    )
-    audit.record(
-        actor=actor,
-        action="token.create",
-        target=token,
-        target_repr=f"{token.prefix}… {name}".strip(),
-        metadata={"expires_at": expires_at},
-    )
-    return token, secret
-
-
-@transaction.atomic
-def token_revoke(*, actor: Actor, token: ApiToken) -> ApiToken:
-    token = ApiToken.objects.select_for_update().get(pk=token.pk)
-    if token.revoked_at is None:
-        token.revoked_at = timezone.now()
-        token.save(update_fields=["revoked_at"])
-        audit.record(
-            actor=actor,
-            action="token.revoke",
-            target=token,
-            target_repr=f"{token.prefix}… {token.name}".strip(),
-        )
-    return token
-
-
-LAST_USED_RESOLUTION = dt.timedelta(seconds=60)
-
-
-def token_authenticate(secret: str) -> ApiToken | None:
-    """The usable token for ``secret``, or None. Marks it used (at most once a minute, so a busy
-    client does not turn every read into a write)."""
-    if not secret.startswith(TOKEN_PREFIX):
-        return None
-    token = ApiToken.objects.select_related("user").filter(key_hash=token_hash(secret)).first()
-    now = timezone.now()
-    if token is None or not token.is_usable(now) or not token.user.is_active:
-        return None
-    if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-        token.last_used_at = now
-    return token
 
 
 # --- workspaces --------------------------------------------------------------------------------
@@ -318,35 +201,36 @@ APPROVAL_SETTINGS = frozenset({"approval_policy", "approval_thresholds"})
 def workspace_update(*, actor: Actor, workspace: Workspace, data: dict[str, Any]) -> Workspace:
     ws = Workspace.objects.select_for_update().select_related("organization").get(pk=workspace.pk)
     require_active(ws)
-    before = audit.snapshot(ws, WORKSPACE_EDITABLE)
-    for field in WORKSPACE_EDITABLE:
-        if field in data:
-            setattr(ws, field, data[field])
-    changes = audit.diff(ws, before, WORKSPACE_EDITABLE)
-    # Who approves is the organisation's call: a workspace admin could otherwise switch approval
-    # off, submit their own job, and switch it back.
-    approval = sorted(set(changes) & APPROVAL_SETTINGS)
-    if approval and not _is_org_admin(actor, ws.organization):
-        raise Forbidden(
-            f"{approval[0]}: only organisation owners and admins change approval settings",
-            errors={
-                name: ["only organisation owners and admins may change it"] for name in approval
-            },
+
+    def validate(changes: dict[str, list]) -> None:
+        # Who approves is the organisation's call: a workspace admin could otherwise switch
+        # approval off, submit their own job, and switch it back.
+        approval = sorted(set(changes) & APPROVAL_SETTINGS)
+        if approval and not _is_org_admin(actor, ws.organization):
+            raise Forbidden(
+                f"{approval[0]}: only organisation owners and admins change approval settings",
+                errors={
+                    name: ["only organisation owners and admins may change it"] for name in approval
+                },
+            )
+        target_known = (
+            ws.compute_target == "local"
+            or ComputeTarget.objects.filter(
+                organization_id=ws.organization_id, name=ws.compute_target
+            ).exists()
         )
-    target_known = (
-        ws.compute_target == "local"
-        or ComputeTarget.objects.filter(
-            organization_id=ws.organization_id, name=ws.compute_target
-        ).exists()
+        if "compute_target" in changes and not target_known:
+            raise InvalidInput.on("compute_target", "no compute target with this name")
+
+    audit.model_update(
+        instance=ws,
+        fields=WORKSPACE_EDITABLE,
+        data=data,
+        actor=actor,
+        action="workspace.update",
+        validate=validate,
+        workspace=ws,
     )
-    if "compute_target" in changes and not target_known:
-        raise InvalidInput.on("compute_target", "no compute target with this name")
-    if changes:
-        clean_or_raise(ws)
-        ws.save(update_fields=list(changes))
-        audit.record(
-            actor=actor, action="workspace.update", target=ws, workspace=ws, changes=changes
-        )
     return ws
 
 
@@ -472,85 +356,3 @@ def member_remove(*, actor: Actor, membership: WorkspaceMembership) -> None:
         },
     )
     membership.delete()
-
-
-# --- compute targets ---------------------------------------------------------------------------
-
-SECRET_CONFIG_KEYS = ("token", "kubeconfig")
-
-
-def _split_secrets(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    plain = {k: v for k, v in config.items() if k not in SECRET_CONFIG_KEYS}
-    hidden = {k: config[k] for k in SECRET_CONFIG_KEYS if config.get(k)}
-    return plain, hidden
-
-
-@transaction.atomic
-def compute_target_create(
-    *, actor: Actor, organization: Organization, name: str, kind: str, config: dict[str, Any]
-) -> ComputeTarget:
-    if ComputeTarget.objects.filter(organization=organization, name=name).exists():
-        raise Conflict(f"compute target {name!r} exists", errors={"name": ["already taken"]})
-    plain, hidden = _split_secrets(config)
-    target = ComputeTarget.objects.create(
-        organization=organization,
-        name=name,
-        kind=kind,
-        config=plain,
-        secret_encrypted=secrets_box.encrypt_json(hidden) if hidden else "",
-    )
-    audit.record(
-        actor=actor,
-        action="compute_target.create",
-        target=target,
-        organization=organization,
-        changes={"kind": [None, kind], "config": [None, plain]},
-        metadata={"secrets": sorted(hidden)},
-    )
-    return target
-
-
-@transaction.atomic
-def compute_target_update(
-    *, actor: Actor, target: ComputeTarget, config: dict[str, Any]
-) -> ComputeTarget:
-    target = ComputeTarget.objects.select_for_update().get(pk=target.pk)
-    plain, hidden = _split_secrets(config)
-    before = target.config
-    target.config = plain
-    if hidden:
-        target.secret_encrypted = secrets_box.encrypt_json(hidden)
-    target.save(update_fields=["config", "secret_encrypted", "updated_at"])
-    audit.record(
-        actor=actor,
-        action="compute_target.update",
-        target=target,
-        organization=target.organization,
-        changes={"config": [before, plain]},
-        metadata={"secrets_replaced": sorted(hidden)},
-    )
-    return target
-
-
-@transaction.atomic
-def compute_target_delete(*, actor: Actor, target: ComputeTarget) -> None:
-    in_use = Workspace.objects.filter(
-        organization_id=target.organization_id, compute_target=target.name, archived_at=None
-    ).values_list("slug", flat=True)
-    if in_use:
-        raise Conflict(
-            f"compute target {target.name!r} is used by workspace(s) {', '.join(in_use)}",
-            errors={"name": ["in use"]},
-        )
-    audit.record(
-        actor=actor,
-        action="compute_target.delete",
-        target=target,
-        organization=target.organization,
-        changes={"kind": [target.kind, None]},
-    )
-    target.delete()
-
-
-def compute_target_secrets(target: ComputeTarget) -> dict[str, Any]:
-    return secrets_box.decrypt_json(target.secret_encrypted) or {}

@@ -180,6 +180,7 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
             )
         ],
     )
+    @idempotent(replay_status=status.HTTP_200_OK)
     def create(self, request, org=None, ws=None):
         data = s.JobSubmitInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -191,21 +192,15 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
             if template is None:
                 missing = {"template": ["no such template in this workspace"]}
                 raise exceptions.ValidationError(missing)
-        key = request.headers.get("Idempotency-Key") or None
-        if key is not None and len(key) > 255:
-            raise exceptions.ValidationError({"Idempotency-Key": ["at most 255 characters"]})
-        job, created = services.job_submit(
+        job = services.job_submit(
             actor=self.actor,
             workspace=self.workspace,
             template=template,
             spec=values.get("spec"),
             name=values.get("name", ""),
             overrides=values["overrides"],
-            idempotency_key=key,
         )
-        headers = {} if created else {"Idempotent-Replayed": "true"}
-        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
-        return Response(self._render(job), status=code, headers=headers)
+        return Response(self._render(job), status=status.HTTP_201_CREATED)
 
     @extend_schema(operation_id="job_retrieve")
     def retrieve(self, request, org=None, ws=None, pk=None):

@@ -7,6 +7,7 @@ import json
 
 from jobs.models import Job
 from tests.jobs.conftest import submit as submit_job
+from workspaces.models import IdempotencyRecord
 
 
 def test_jobs_ls_and_get_as_json(manta, live_world, counter):
@@ -147,7 +148,8 @@ def test_submit_from_a_template_sends_overrides_and_an_idempotency_key(manta, co
     assert job.spec["worker_groups"][0]["replicas"] == 2
     assert job.spec["worker_groups"][0]["max_replicas"] == 2
     assert set(job.overrides) == {"entrypoint", "worker_groups"}
-    assert job.idempotency_key.startswith("manta-cli-")
+    (sent,) = IdempotencyRecord.objects.filter(path__endswith="/jobs/")
+    assert sent.key.startswith("manta-cli-")
 
 
 def test_one_word_entrypoint_is_a_shell_line(manta, counter):

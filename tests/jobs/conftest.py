@@ -13,7 +13,7 @@ def counter_spec(**changes):
 
 
 def submit(world, template, who="developer", **kwargs):
-    job, _ = services.job_submit(
+    job = services.job_submit(
         actor=Actor.for_user(world.users[who]), workspace=world.ws, template=template, **kwargs
     )
     return job

@@ -29,7 +29,7 @@ def a_pending_job(world):
     world.ws.approval_policy = "always"
     world.ws.save()
     template_id = a_template(world)["template"]
-    job, _ = services.job_submit(
+    job = services.job_submit(
         actor=Actor.for_user(world.users["developer"]),
         workspace=world.ws,
         template=JobTemplate.objects.get(pk=template_id),

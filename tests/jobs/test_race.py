@@ -51,7 +51,7 @@ def test_approve_and_cancel_race_ends_consistently():
     ).template
     outcomes = set()
     for _ in range(12):
-        job, _ = services.job_submit(actor=dev, workspace=world.ws, template=template)
+        job = services.job_submit(actor=dev, workspace=world.ws, template=template)
         approve, cancel = run_concurrently(
             lambda job=job: services.job_approve(actor=admin, job=job),
             lambda job=job: services.job_cancel(actor=dev, job=job, may_cancel_any=False),

@@ -8,7 +8,7 @@ from django.core import mail
 from audit.context import Actor
 from jobs import services as job_services
 from notifications import dispatch
-from workspaces.services import notification_preferences_update
+from workspaces.identity import notification_preferences_update
 
 from .conftest import emit
 
@@ -30,9 +30,7 @@ def test_approvers_hear_of_a_job_waiting_for_them(world, template, run):
     world.ws.approval_policy = "always"
     world.ws.save()
     dev = world.users["developer"]
-    job, _ = job_services.job_submit(
-        actor=Actor.for_user(dev), workspace=world.ws, template=template
-    )
+    job = job_services.job_submit(actor=Actor.for_user(dev), workspace=world.ws, template=template)
     run()
     assert recipients("Approval requested") == [
         "admin@acme.test",

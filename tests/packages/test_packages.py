@@ -146,7 +146,7 @@ def test_jobs_run_packages_of_their_own_workspace_only(world, template):
     version.save()
     dev = Actor.for_user(world.users["developer"])
     sha = upload(world, CODE).json()["sha256"]
-    job, _ = job_services.job_submit(
+    job = job_services.job_submit(
         actor=dev,
         workspace=world.ws,
         template=template,

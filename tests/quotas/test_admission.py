@@ -33,7 +33,7 @@ def two_workspaces(world):
 
 def queue_job(world, ws, template, gpu, *, minutes_ago, priority=5):
     groups = [{"name": "g", "replicas": 1, "cpu": 0, "memory_gb": 0, "gpu": gpu}] if gpu else []
-    job, _ = job_services.job_submit(
+    job = job_services.job_submit(
         actor=Actor.for_user(world.users["owner"]),
         workspace=ws,
         template=template,

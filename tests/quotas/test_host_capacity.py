@@ -60,7 +60,7 @@ def test_admission_never_places_more_than_the_host_has_over_all_orgs(world, four
 
     # Another organisation, with no org capacity of its own set, still finds the host full.
     owner = world.users["foreign"]
-    job, _ = job_services.job_submit(
+    job = job_services.job_submit(
         actor=Actor.for_user(owner),
         workspace=other_ws,
         template=other_template,

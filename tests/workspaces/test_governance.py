@@ -77,7 +77,7 @@ def archived(world):
     ).template
     world.ws.approval_policy = "always"
     world.ws.save()
-    pending, _ = job_services.job_submit(
+    pending = job_services.job_submit(
         actor=Actor.for_user(world.users["developer"]),
         workspace=world.ws,
         template=JobTemplate.objects.get(pk=template.pk),

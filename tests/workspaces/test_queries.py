@@ -5,7 +5,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from tests.conftest import SYSTEM, make_user
-from workspaces import services
+from workspaces import identity, services
 
 LISTS = [
     "/api/v1/orgs/",
@@ -23,7 +23,7 @@ def crowded(world):
         user = make_user(world.org, f"extra{index}@acme.test")
         services.member_add(actor=SYSTEM, workspace=world.ws, email=user.email, role="viewer")
         services.workspace_create(actor=SYSTEM, organization=world.org, slug=f"w{index}")
-        services.token_create(actor=SYSTEM, user=world.users["owner"], name=f"t{index}")
+        identity.token_create(actor=SYSTEM, user=world.users["owner"], name=f"t{index}")
     return world
 
 

@@ -5,8 +5,8 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
 from tests.conftest import PASSWORD
+from workspaces.identity import token_hash
 from workspaces.models import ApiToken
-from workspaces.services import token_hash
 
 
 def issue(email="dev@acme.test", password=PASSWORD, **extra):

@@ -1,12 +1,12 @@
-"""``Idempotency-Key`` on the POSTs that create: a client (a CI pipeline, an SDK retrying after
-a timeout) that sends the same key again gets the first response back, marked
-``Idempotent-Replayed: true``, and nothing is created twice.
+"""``Idempotency-Key`` on the POSTs that create, job submission included: a client (a CI
+pipeline, an SDK retrying after a timeout) that sends the same key again gets the first response
+back, marked ``Idempotent-Replayed: true``, and nothing is created twice.
 
 The record is inserted in the same transaction as the create, before it: a concurrent retry
 with the same key waits on the unique index until the first commits, then replays it; if the
 create fails, the record rolls back with it and the key may be used again. A key is per user
-and per path, and kept for ``IDEMPOTENCY_TTL``; the same key with a different body is a 409
-``idempotency_key_reused``. (Job submission has its own, in the job row: see jobs/services.py.)
+and per path, and kept for ``IDEMPOTENCY_TTL``; the same key with a different body (compared by
+the SHA-256 of its canonical JSON) is a 409 ``idempotency_key_reused``.
 """
 
 from __future__ import annotations
@@ -49,8 +49,11 @@ def _fingerprint(data) -> str:
     return hashlib.sha256(canonical_json(data).encode()).hexdigest()
 
 
-def idempotent(create):
-    """Decorate a viewset's ``create``."""
+def idempotent(create=None, *, replay_status: int | None = None):
+    """Decorate a viewset's ``create``: ``@idempotent``, or ``@idempotent(replay_status=200)``
+    to answer a replay with that status rather than the first response's."""
+    if create is None:
+        return functools.partial(idempotent, replay_status=replay_status)
 
     @functools.wraps(create)
     def wrapper(self, request, *args, **kwargs):
@@ -69,7 +72,8 @@ def idempotent(create):
                 with transaction.atomic():
                     record = IdempotencyRecord.objects.create(**scope, fingerprint=fingerprint)
             except IntegrityError:  # the first request with this key has committed
-                return _replay(IdempotencyRecord.objects.get(**scope), fingerprint)
+                record = IdempotencyRecord.objects.get(**scope)
+                return _replay(record, fingerprint, replay_status)
             response = create(self, request, *args, **kwargs)
             if not 200 <= response.status_code < 300:
                 transaction.set_rollback(True)  # nothing was created: the key stays free
@@ -82,11 +86,11 @@ def idempotent(create):
     return wrapper
 
 
-def _replay(record: IdempotencyRecord, fingerprint: str) -> Response:
+def _replay(record: IdempotencyRecord, fingerprint: str, status: int | None) -> Response:
     if record.fingerprint != fingerprint:
         raise IdempotencyKeyReused(
             "this Idempotency-Key was used with a different request body",
             errors={HEADER: ["already used with a different body; use a new key"]},
         )
     data = json.loads(secrets.decrypt(record.response_encrypted))
-    return Response(data, status=record.status_code, headers={REPLAYED: "true"})
+    return Response(data, status=status or record.status_code, headers={REPLAYED: "true"})

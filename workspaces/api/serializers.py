@@ -335,6 +335,6 @@ class ComputeTargetOutput(serializers.ModelSerializer):
         fields = ["id", "name", "kind", "config", "secrets", "created_at", "updated_at"]
 
     def get_secrets(self, target) -> list[str]:
-        from workspaces.services import compute_target_secrets
+        from workspaces.compute_targets import compute_target_secrets
 
         return sorted(compute_target_secrets(target)) if target.secret_encrypted else []

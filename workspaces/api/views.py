@@ -16,7 +16,7 @@ from config.throttles import (
     ThrottledViewMixin,
     TokenIssueThrottle,
 )
-from workspaces import roles, selectors, services
+from workspaces import compute_targets, identity, roles, selectors, services
 from workspaces.models import (
     ApiToken,
     ComputeTarget,
@@ -83,7 +83,7 @@ class TokenViewSet(ThrottledViewMixin, mixins.ListModelMixin, viewsets.GenericVi
         )
         if user is None:
             raise InvalidCredentials("invalid email or password")
-        token, secret = services.token_create(
+        token, secret = identity.token_create(
             actor=Actor.for_user(user),
             user=user,
             name=data.validated_data["name"],
@@ -101,7 +101,7 @@ class TokenViewSet(ThrottledViewMixin, mixins.ListModelMixin, viewsets.GenericVi
         token = self.get_queryset().filter(pk=pk).first()
         if token is None:
             raise exceptions.NotFound("No such token.")
-        services.token_revoke(actor=Actor.from_request(request), token=token)
+        identity.token_revoke(actor=Actor.from_request(request), token=token)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -123,7 +123,7 @@ class MeView(APIView):
         data = s.MeUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
         if "notification_preferences" in data.validated_data:
-            services.notification_preferences_update(
+            identity.notification_preferences_update(
                 actor=Actor.from_request(request),
                 user=request.user,
                 preferences=data.validated_data["notification_preferences"],
@@ -393,7 +393,7 @@ class ComputeTargetViewSet(TenantViewSet):
     def create(self, request, org=None):
         data = s.ComputeTargetCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
-        target = services.compute_target_create(
+        target = compute_targets.compute_target_create(
             actor=self.actor, organization=self.organization, **data.validated_data
         )
         return Response(s.ComputeTargetOutput(target).data, status=status.HTTP_201_CREATED)
@@ -412,10 +412,12 @@ class ComputeTargetViewSet(TenantViewSet):
         data = s.ComputeTargetUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
         config = s.validate_target_config(target.kind, data.validated_data["config"])
-        updated = services.compute_target_update(actor=self.actor, target=target, config=config)
+        updated = compute_targets.compute_target_update(
+            actor=self.actor, target=target, config=config
+        )
         return Response(s.ComputeTargetOutput(updated).data)
 
     @extend_schema(operation_id="compute_target_delete", responses={204: None})
     def destroy(self, request, org=None, pk=None):
-        services.compute_target_delete(actor=self.actor, target=self._target(pk))
+        compute_targets.compute_target_delete(actor=self.actor, target=self._target(pk))
         return Response(status=status.HTTP_204_NO_CONTENT)

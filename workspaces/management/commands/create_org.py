@@ -2,7 +2,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from audit.context import Actor
 from config.errors import DomainError
-from workspaces import services
+from workspaces import identity, services
 
 
 class Command(BaseCommand):
@@ -22,7 +22,7 @@ class Command(BaseCommand):
             org, user = services.org_create(
                 actor=actor, slug=slug, name=name, owner_email=owner, owner_password=password
             )
-            _, secret = services.token_create(actor=actor, user=user, name="create_org")
+            _, secret = identity.token_create(actor=actor, user=user, name="create_org")
         except DomainError as exc:
             raise CommandError(f"{exc.detail} {exc.errors or ''}".strip()) from exc
         self.stderr.write(f"created organisation {org.slug} with owner {user.email}")
