@@ -3,7 +3,7 @@ personal access tokens (``auth/tokens/``). Views only translate: parse, call one
 
 from django.contrib.auth import authenticate
 from drf_spectacular.utils import OpenApiExample, extend_schema
-from rest_framework import exceptions, mixins, status, viewsets
+from rest_framework import mixins, status, viewsets
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -21,6 +21,7 @@ from workspaces import selectors, services
 from workspaces.models import ApiToken, OrgMembership
 
 from . import serializers as s
+from .tenancy import object_or_404
 
 
 class TokenViewSet(ThrottledViewMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
@@ -88,12 +89,13 @@ class TokenViewSet(ThrottledViewMixin, mixins.ListModelMixin, viewsets.GenericVi
     def list(self, request, *args, **kwargs):
         return super().list(request, *args, **kwargs)
 
+    def get_object(self):
+        # The caller's own tokens are the whole queryset: someone else's token does not exist.
+        return object_or_404(self.get_queryset(), "No such token.", pk=self.kwargs["pk"])
+
     @extend_schema(operation_id="auth_token_revoke", responses={204: None})
     def destroy(self, request, pk=None):
-        token = self.get_queryset().filter(pk=pk).first()
-        if token is None:
-            raise exceptions.NotFound("No such token.")
-        services.token_revoke(actor=Actor.from_request(request), token=token)
+        services.token_revoke(actor=Actor.from_request(request), token=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

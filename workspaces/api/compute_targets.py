@@ -2,7 +2,7 @@
 service, render."""
 
 from drf_spectacular.utils import OpenApiExample, extend_schema
-from rest_framework import exceptions, status
+from rest_framework import status
 from rest_framework.response import Response
 
 from workspaces import roles, services
@@ -18,6 +18,8 @@ class ComputeTargetViewSet(TenantViewSet):
 
     serializer_class = s.ComputeTargetOutput
     queryset = ComputeTarget.objects.none()
+    organization_field = "organization"
+    not_found_message = "No such compute target."
     permission_map = {
         "list": roles.ORG_VIEW,
         "retrieve": roles.ORG_VIEW,
@@ -26,14 +28,8 @@ class ComputeTargetViewSet(TenantViewSet):
         "destroy": roles.ORG_MANAGE,
     }
 
-    def scoped_queryset(self):
-        return ComputeTarget.objects.filter(organization=self.organization).order_by("id")
-
-    def _target(self, pk) -> ComputeTarget:
-        target = self.get_queryset().filter(pk=pk).first()
-        if target is None:
-            raise exceptions.NotFound("No such compute target.")
-        return target
+    def base_queryset(self):
+        return ComputeTarget.objects.order_by("id")
 
     @extend_schema(operation_id="compute_targets_list")
     def list(self, request, org=None):
@@ -68,7 +64,7 @@ class ComputeTargetViewSet(TenantViewSet):
 
     @extend_schema(operation_id="compute_target_retrieve")
     def retrieve(self, request, org=None, pk=None):
-        return Response(s.ComputeTargetOutput(self._target(pk)).data)
+        return Response(s.ComputeTargetOutput(self.get_object()).data)
 
     @extend_schema(
         operation_id="compute_target_update",
@@ -76,7 +72,7 @@ class ComputeTargetViewSet(TenantViewSet):
         responses=s.ComputeTargetOutput,
     )
     def partial_update(self, request, org=None, pk=None):
-        target = self._target(pk)
+        target = self.get_object()
         data = s.ComputeTargetUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
         config = s.validate_target_config(target.kind, data.validated_data["config"])
@@ -85,5 +81,5 @@ class ComputeTargetViewSet(TenantViewSet):
 
     @extend_schema(operation_id="compute_target_delete", responses={204: None})
     def destroy(self, request, org=None, pk=None):
-        services.compute_target_delete(actor=self.actor, target=self._target(pk))
+        services.compute_target_delete(actor=self.actor, target=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)

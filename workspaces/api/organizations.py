@@ -65,9 +65,10 @@ class OrgUserViewSet(TenantViewSet):
 
     serializer_class = s.OrgUserOutput
     queryset = OrgMembership.objects.none()
+    organization_field = "organization"
     permission_map = {"list": roles.ORG_MANAGE_USERS}
 
-    def scoped_queryset(self):
+    def base_queryset(self):
         return selectors.org_users(self.organization)
 
     @extend_schema(operation_id="org_users_list")

@@ -2,7 +2,7 @@
 translate: parse, call one service, render."""
 
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
-from rest_framework import exceptions, status
+from rest_framework import status
 from rest_framework.response import Response
 
 from workspaces import roles, selectors, services
@@ -18,9 +18,10 @@ class WorkspaceListViewSet(TenantViewSet):
 
     serializer_class = s.WorkspaceOutput
     queryset = Workspace.objects.none()
+    organization_field = "organization"
     permission_map = {"list": roles.ORG_VIEW, "create": roles.ORG_MANAGE_WORKSPACES}
 
-    def scoped_queryset(self):
+    def base_queryset(self):
         include = self.request.query_params.get("include_archived") in ("1", "true")
         return selectors.workspaces_visible_to(
             self.request.user, self.org_membership, include_archived=include
@@ -93,6 +94,8 @@ class MemberViewSet(WorkspaceViewSet):
 
     serializer_class = s.MemberOutput
     queryset = WorkspaceMembership.objects.none()
+    workspace_field = "workspace"
+    not_found_message = "No such member."
     permission_map = {
         "list": roles.WS_VIEW,
         "create": roles.WS_MANAGE_MEMBERS,
@@ -100,14 +103,8 @@ class MemberViewSet(WorkspaceViewSet):
         "destroy": roles.WS_MANAGE_MEMBERS,
     }
 
-    def scoped_queryset(self):
+    def base_queryset(self):
         return selectors.workspace_members(self.workspace)
-
-    def _membership(self, pk) -> WorkspaceMembership:
-        membership = self.get_queryset().filter(pk=pk).first()
-        if membership is None:
-            raise exceptions.NotFound("No such member.")
-        return membership
 
     @extend_schema(operation_id="workspace_members_list")
     def list(self, request, org=None, ws=None):
@@ -138,11 +135,11 @@ class MemberViewSet(WorkspaceViewSet):
         data = s.MemberUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
         membership = services.member_update(
-            actor=self.actor, membership=self._membership(pk), role=data.validated_data["role"]
+            actor=self.actor, membership=self.get_object(), role=data.validated_data["role"]
         )
         return Response(s.MemberOutput(membership).data)
 
     @extend_schema(operation_id="workspace_members_remove", responses={204: None})
     def destroy(self, request, org=None, ws=None, pk=None):
-        services.member_remove(actor=self.actor, membership=self._membership(pk))
+        services.member_remove(actor=self.actor, membership=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
