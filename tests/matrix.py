@@ -5,11 +5,15 @@ checks: no credentials → 401; a user of another organisation → 404; an org m
 the workspace → 404; a role without the permission → 403; each permitted role succeeds and leaves
 exactly the expected audit event (with the caller as actor and the response's request id). Later
 apps add their endpoints to their own lists and reuse :func:`check_case`.
+
+Every detail route (a GET naming an object) is also checked own-versus-other, as NetBox's API
+tests do: :func:`check_own_versus_other`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +25,12 @@ IN_ORG = ("owner", "org_admin", "member", "ws_admin", "developer", "viewer")
 WS_VISIBLE = ("owner", "org_admin", "ws_admin", "developer", "viewer")
 ORG_ADMINS = ("owner", "org_admin")
 WS_ADMINS = ("owner", "org_admin", "ws_admin")
+# Where the other object of an own-versus-other check lives: a workspace of the same organisation
+# the caller is not a member of, or another organisation (its workspace has the same slug).
+ELSEWHERE = ("other_workspace", "other_org")
+# The caller of an own-versus-other check: the least privileged allowed one, and the owner (who
+# may see every workspace of the org, but not through another workspace's URL).
+BY_PRIVILEGE = ("viewer", "developer", "ws_admin", "member", "org_admin", "owner")
 
 
 @dataclasses.dataclass
@@ -113,3 +123,58 @@ def row_counts() -> dict[str, int]:
         for model in apps.get_models()
         if model._meta.label != "sessions.Session"
     }
+
+
+def object_keys(path: str) -> list[str]:
+    """The path's values that name an object (beyond the organisation and the workspace)."""
+    return [key for key in re.findall(r"\{(\w+)\}", path) if key not in ("org", "ws")]
+
+
+def is_detail(case: Case) -> bool:
+    """A tenant route that reads one object named in its path."""
+    return case.method == "GET" and not case.personal and bool(object_keys(case.path))
+
+
+def own_versus_other_callers(case: Case) -> tuple[str, ...]:
+    least = next(who for who in BY_PRIVILEGE if who in case.allowed)
+    return tuple(dict.fromkeys((least, "owner")))
+
+
+def world_elsewhere(world, where: str):
+    """``world`` with its workspace (and, for ``other_org``, its organisation) swapped for one
+    the caller is not a member of, for a case's ``params`` to create the other object in."""
+    from tests.conftest import SYSTEM
+    from workspaces import services
+
+    if where == "other_workspace":
+        ws = services.workspace_create(actor=SYSTEM, organization=world.org, slug="elsewhere")
+        return dataclasses.replace(world, ws=ws)
+    ws = services.workspace_create(actor=SYSTEM, organization=world.other_org, slug=world.ws.slug)
+    return dataclasses.replace(world, org=world.other_org, ws=ws)
+
+
+def check_own_versus_other(world, case: Case, who: str, where: str) -> None:
+    """Through the URL of the caller's own workspace, the same kind of object is 404 while it
+    lives ``where`` (elsewhere) and 200 once it is the workspace's own; and each id of the path
+    swapped for the other object's is 404 again (a delivery of another endpoint, say)."""
+    assert case.params is not None, f"{case.name}: a detail route needs params to name an object"
+    client = world.client(who)
+    tenant = {"org": world.org.slug, "ws": world.ws.slug}
+
+    def get(values):
+        return client.get(case.path.format(**tenant, **values))
+
+    theirs = case.params(world_elsewhere(world, where))
+    response = get(theirs)
+    assert response.status_code == 404, (case.name, who, where, response.content)
+    assert response.json()["type"] == "not_found", response.json()
+
+    ours = case.params(world)
+    response = get(ours)
+    assert response.status_code == case.status, (case.name, who, response.content)
+
+    for key in object_keys(case.path):
+        if ours[key] == theirs[key]:  # the same name in both places (a sha256, a source name)
+            continue
+        response = get({**ours, key: theirs[key]})
+        assert response.status_code == 404, (case.name, who, where, key, response.content)

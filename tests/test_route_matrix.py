@@ -1,6 +1,7 @@
 """The tenant/role matrix over the routes no app matrix holds (me/, tokens, the org list, compute
-targets, logs, launch plans, template versions, packages), and the check that every operation
-of the API is in some matrix: a route added without an entry fails here."""
+targets, logs, launch plans, template versions, packages); the check that every operation of the
+API is in some matrix, so a route added without an entry fails here; and the own-versus-other
+check of every detail route of every matrix."""
 
 from __future__ import annotations
 
@@ -15,7 +16,18 @@ from config import ssrf
 from packages import services as package_services
 from tests.conftest import SYSTEM
 from tests.jobs import test_matrix as jobs_matrix
-from tests.matrix import IN_ORG, ORG_ADMINS, WS_VISIBLE, Case, check_case
+from tests.matrix import (
+    ELSEWHERE,
+    IN_ORG,
+    ORG_ADMINS,
+    WS_VISIBLE,
+    Case,
+    check_case,
+    check_own_versus_other,
+    is_detail,
+    object_keys,
+    own_versus_other_callers,
+)
 from tests.notifications import test_matrix as webhooks_matrix
 from tests.packages import test_matrix as packages_matrix
 from tests.quotas import test_api as quotas_matrix
@@ -36,6 +48,13 @@ def public_hosts(monkeypatch):
     monkeypatch.setattr(
         ssrf, "resolve", lambda host, port: [ssrf.ipaddress.ip_address("93.184.216.34")]
     )
+
+
+@pytest.fixture(autouse=True)
+def local_webhooks(settings):
+    """The webhook cases' receivers are plain HTTP on 127.0.0.1, as in tests/notifications."""
+    settings.WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+    settings.WEBHOOK_ALLOW_HTTP = True
 
 
 def a_token_of_the_developer(world):
@@ -124,27 +143,34 @@ UNMATRIXED = {
 }
 
 
+MATRICES = [
+    CASES,
+    jobs_matrix.CASES,
+    webhooks_matrix.CASES,
+    packages_matrix.CASES,
+    quotas_matrix.CASES,
+    workspaces_matrix.CASES,
+]
+
+
 def _shape(path: str) -> str:
     return re.sub(r"\{[^}]*\}", "{}", path)
 
 
-def test_every_operation_of_the_api_is_in_a_matrix(db):
+def schema_operations() -> set[tuple[str, str]]:
+    """Every operation of the API as (METHOD, path), the path's values named as in the schema."""
     schema = SchemaGenerator().get_schema(request=None, public=True)
-    operations = {
-        (method.upper(), _shape(path))
+    return {
+        (method.upper(), path)
         for path, item in schema["paths"].items()
         for method in item
         if method in ("get", "post", "put", "patch", "delete")
     }
-    matrices = [
-        CASES,
-        jobs_matrix.CASES,
-        webhooks_matrix.CASES,
-        packages_matrix.CASES,
-        quotas_matrix.CASES,
-        workspaces_matrix.CASES,
-    ]
-    covered = {(case.method, _shape(case.path)) for cases in matrices for case in cases}
+
+
+def test_every_operation_of_the_api_is_in_a_matrix(db):
+    operations = {(method, _shape(path)) for method, path in schema_operations()}
+    covered = {(case.method, _shape(case.path)) for cases in MATRICES for case in cases}
     missing = sorted(operations - covered - set(UNMATRIXED))
     assert not missing, f"operations without a matrix entry: {missing}"
     assert not set(UNMATRIXED) - operations, "an exemption names an operation that is gone"
@@ -156,3 +182,31 @@ def test_a_foreign_compute_target_id_answers_404(world):
     )
     response = world.client("owner").get(f"/api/v1/orgs/acme/compute-targets/{other.pk}/")
     assert response.status_code == 404
+
+
+# One case per detail route (template_versions is in two matrices).
+DETAIL_CASES = list(
+    {_shape(case.path): case for cases in MATRICES for case in cases if is_detail(case)}.values()
+)
+OWN_VERSUS_OTHER = [
+    pytest.param(case, where, who, id=f"{case.name}-{where}-{who}")
+    for case in DETAIL_CASES
+    for where in (ELSEWHERE if case.ws_scoped else ("other_org",))
+    for who in own_versus_other_callers(case)
+]
+
+
+@pytest.mark.parametrize(("case", "where", "who"), OWN_VERSUS_OTHER)
+def test_own_versus_other(world, case, where, who):
+    check_own_versus_other(world, case, who, where)
+
+
+def test_every_detail_route_has_an_own_versus_other_check(db):
+    details = {
+        (method, _shape(path))
+        for method, path in schema_operations()
+        if method == "GET" and object_keys(path)
+    }
+    checked = {("GET", _shape(case.path)) for case in DETAIL_CASES}
+    missing = sorted(details - checked - set(UNMATRIXED))
+    assert not missing, f"detail routes without an own-versus-other check: {missing}"

@@ -25,6 +25,8 @@ class TemplateViewSet(WorkspaceViewSet):
     """Versioned job templates of a workspace."""
 
     queryset = JobTemplate.objects.none()
+    workspace_field = "workspace"
+    not_found_message = "No such template."
     serializer_class = s.TemplateOutput
     permission_map = {
         "list": roles.WS_VIEW,
@@ -35,7 +37,7 @@ class TemplateViewSet(WorkspaceViewSet):
         "destroy": roles.WS_MANAGE_TEMPLATES,
     }
 
-    def scoped_queryset(self):
+    def base_queryset(self):
         include = self.request.query_params.get("include_archived") in ("1", "true")
         if self.action != "list":
             include = True
@@ -45,12 +47,6 @@ class TemplateViewSet(WorkspaceViewSet):
         items = templates if many else [templates]
         context = {"latest": selectors.latest_versions(items)}
         return s.TemplateOutput(templates, many=many, context=context).data
-
-    def _template(self, pk) -> JobTemplate:
-        template = self.get_queryset().filter(pk=pk).first()
-        if template is None:
-            raise exceptions.NotFound("No such template.")
-        return template
 
     @extend_schema(
         operation_id="templates_list",
@@ -83,7 +79,7 @@ class TemplateViewSet(WorkspaceViewSet):
 
     @extend_schema(operation_id="template_retrieve")
     def retrieve(self, request, org=None, ws=None, pk=None):
-        return Response(self._render(self._template(pk)))
+        return Response(self._render(self.get_object()))
 
     @extend_schema(
         operation_id="template_update",
@@ -97,7 +93,7 @@ class TemplateViewSet(WorkspaceViewSet):
         values = data.validated_data
         version = services.template_update(
             actor=self.actor,
-            template=self._template(pk),
+            template=self.get_object(),
             spec_changes={key: request.data[key] for key in SPEC_FIELDS if key in values},
             allowed_overrides=values.get("allowed_overrides"),
             description=values.get("description"),
@@ -106,7 +102,7 @@ class TemplateViewSet(WorkspaceViewSet):
 
     @extend_schema(operation_id="template_archive", responses={204: None})
     def destroy(self, request, org=None, ws=None, pk=None):
-        services.template_archive(actor=self.actor, template=self._template(pk))
+        services.template_archive(actor=self.actor, template=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(
@@ -114,7 +110,7 @@ class TemplateViewSet(WorkspaceViewSet):
     )
     @action(detail=True)
     def versions(self, request, org=None, ws=None, pk=None):
-        versions = selectors.template_versions(self._template(pk))
+        versions = selectors.template_versions(self.get_object())
         page = self.paginate_queryset(versions)
         return self.get_paginated_response(s.TemplateVersionOutput(page, many=True).data)
 
@@ -135,6 +131,8 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
     """Jobs of a workspace: submit, follow, approve, reject, cancel."""
 
     queryset = Job.objects.none()
+    workspace_field = "workspace"
+    not_found_message = "No such job."
     serializer_class = s.JobOutput
     filterset_class = JobFilter
     throttle_map = {"create": [SubmitUserThrottle, SubmitWorkspaceThrottle]}
@@ -150,17 +148,12 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
         "cancel": roles.WS_CANCEL_OWN_JOB,
     }
 
-    def scoped_queryset(self):
+    def base_queryset(self):
         return selectors.jobs_of(self.workspace)
 
-    def _job(self, pk) -> Job:
-        job = self.get_queryset().filter(pk=pk).first()
-        if job is None:
-            raise exceptions.NotFound("No such job.")
-        return job
-
     def _render(self, job: Job) -> dict:
-        return s.JobOutput(self._job(job.pk), context={"explain": True}).data
+        # Read again through the view's queryset: the output needs its joins.
+        return s.JobOutput(self.get_queryset().get(pk=job.pk), context={"explain": True}).data
 
     @extend_schema(operation_id="jobs_list")
     def list(self, request, org=None, ws=None):
@@ -204,14 +197,14 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
 
     @extend_schema(operation_id="job_retrieve")
     def retrieve(self, request, org=None, ws=None, pk=None):
-        return Response(s.JobOutput(self._job(pk), context={"explain": True}).data)
+        return Response(s.JobOutput(self.get_object(), context={"explain": True}).data)
 
     @extend_schema(operation_id="job_approve", request=s.ReasonInput, responses=s.JobOutput)
     @action(detail=True, methods=["post"])
     def approve(self, request, org=None, ws=None, pk=None):
         data = s.ReasonInput(data=request.data)
         data.is_valid(raise_exception=True)
-        job = services.job_approve(actor=self.actor, job=self._job(pk), **data.validated_data)
+        job = services.job_approve(actor=self.actor, job=self.get_object(), **data.validated_data)
         return Response(self._render(job))
 
     @extend_schema(operation_id="job_reject", request=s.RejectInput, responses=s.JobOutput)
@@ -219,7 +212,7 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
     def reject(self, request, org=None, ws=None, pk=None):
         data = s.RejectInput(data=request.data)
         data.is_valid(raise_exception=True)
-        job = services.job_reject(actor=self.actor, job=self._job(pk), **data.validated_data)
+        job = services.job_reject(actor=self.actor, job=self.get_object(), **data.validated_data)
         return Response(self._render(job))
 
     @extend_schema(operation_id="job_cancel", request=s.ReasonInput, responses=s.JobOutput)
@@ -229,7 +222,7 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
         data.is_valid(raise_exception=True)
         job = services.job_cancel(
             actor=self.actor,
-            job=self._job(pk),
+            job=self.get_object(),
             reason=data.validated_data["reason"],
             may_cancel_any=self.has_perm(roles.WS_CANCEL_ANY_JOB),
         )
@@ -240,7 +233,7 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
     )
     @action(detail=True)
     def events(self, request, org=None, ws=None, pk=None):
-        events = selectors.job_events(self._job(pk))
+        events = selectors.job_events(self.get_object())
         page = self.paginate_queryset(events)
         return self.get_paginated_response(s.JobEventOutput(page, many=True).data)
 
@@ -267,7 +260,7 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
     def logs(self, request, org=None, ws=None, pk=None):
         params = s.LogsQuery(data=request.query_params)
         params.is_valid(raise_exception=True)
-        job = self._job(pk)
+        job = self.get_object()
         query = params.validated_data
         if query["follow"]:
             stream = driver_logs.job_log_stream(
@@ -287,7 +280,7 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
     )
     @action(detail=True, url_path="launch-plan")
     def launch_plan(self, request, org=None, ws=None, pk=None):
-        job = self._job(pk)
+        job = self.get_object()
         try:
             plan = launch_requests.plan_for(job)
         except LaunchError as exc:

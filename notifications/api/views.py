@@ -2,7 +2,7 @@
 Views only translate: parse, call one service, render."""
 
 from drf_spectacular.utils import extend_schema, extend_schema_view
-from rest_framework import exceptions, status
+from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
@@ -10,7 +10,7 @@ from notifications import selectors, services
 from notifications.models import WebhookDelivery, WebhookEndpoint
 from workspaces import roles
 from workspaces.api.idempotency import IDEMPOTENCY_KEY, idempotent
-from workspaces.api.tenancy import TenantViewSet, WorkspaceViewSet
+from workspaces.api.tenancy import TenantViewSet, WorkspaceViewSet, object_or_404
 
 from . import serializers as s
 
@@ -72,18 +72,11 @@ class WebhookActions:
 
     queryset = WebhookEndpoint.objects.none()
     serializer_class = s.WebhookOutput
-
-    def _endpoint(self, pk) -> WebhookEndpoint:
-        endpoint = self.get_queryset().filter(pk=pk).first()
-        if endpoint is None:
-            raise exceptions.NotFound("No such webhook endpoint.")
-        return endpoint
+    not_found_message = "No such webhook endpoint."
 
     def _delivery(self, endpoint: WebhookEndpoint, delivery_id) -> WebhookDelivery:
-        found = selectors.deliveries_of(endpoint).filter(pk=delivery_id).first()
-        if found is None:
-            raise exceptions.NotFound("No such delivery.")
-        return found
+        """A delivery of ``endpoint``, itself from the scoped queryset."""
+        return object_or_404(selectors.deliveries_of(endpoint), "No such delivery.", pk=delivery_id)
 
     def _workspace(self):
         return None
@@ -106,18 +99,19 @@ class WebhookActions:
         return Response(s.WebhookCreatedOutput(endpoint).data, status=status.HTTP_201_CREATED)
 
     def retrieve(self, request, pk=None, **kwargs):
-        return Response(s.WebhookOutput(self._endpoint(pk)).data)
+        return Response(s.WebhookOutput(self.get_object()).data)
 
     def partial_update(self, request, pk=None, **kwargs):
         data = s.WebhookUpdateInput(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
         endpoint = services.webhook_update(
-            actor=self.actor, endpoint=self._endpoint(pk), data=dict(data.validated_data)
+            actor=self.actor, endpoint=self.get_object(), data=dict(data.validated_data)
         )
-        return Response(s.WebhookOutput(self._endpoint(endpoint.pk)).data)
+        # Read again through the view's queryset: the output needs its joins.
+        return Response(s.WebhookOutput(self.get_queryset().get(pk=endpoint.pk)).data)
 
     def destroy(self, request, pk=None, **kwargs):
-        services.webhook_delete(actor=self.actor, endpoint=self._endpoint(pk))
+        services.webhook_delete(actor=self.actor, endpoint=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @action(detail=True, methods=["post"], url_path="rotate-secret")
@@ -126,7 +120,7 @@ class WebhookActions:
         data.is_valid(raise_exception=True)
         secret, expires = services.webhook_rotate_secret(
             actor=self.actor,
-            endpoint=self._endpoint(pk),
+            endpoint=self.get_object(),
             grace_period_seconds=data.validated_data.get("grace_period_seconds"),
         )
         body = {"secret": secret, "previous_secrets_expire_at": expires}
@@ -134,24 +128,24 @@ class WebhookActions:
 
     @action(detail=True, methods=["post"])
     def ping(self, request, pk=None, **kwargs):
-        endpoint = self._endpoint(pk)
+        endpoint = self.get_object()
         delivery = services.webhook_ping(actor=self.actor, endpoint=endpoint)
         rendered = s.WebhookDeliveryOutput(self._delivery(endpoint, delivery.pk)).data
         return Response(rendered, status=status.HTTP_202_ACCEPTED)
 
     @action(detail=True)
     def deliveries(self, request, pk=None, **kwargs):
-        page = self.paginate_queryset(selectors.deliveries_of(self._endpoint(pk)))
+        page = self.paginate_queryset(selectors.deliveries_of(self.get_object()))
         return self.get_paginated_response(s.WebhookDeliveryOutput(page, many=True).data)
 
     @action(detail=True)
     def delivery(self, request, pk=None, delivery_id=None, **kwargs):
-        delivery = self._delivery(self._endpoint(pk), delivery_id)
+        delivery = self._delivery(self.get_object(), delivery_id)
         return Response(s.WebhookDeliveryOutput(delivery).data)
 
     @action(detail=True, methods=["post"])
     def redeliver(self, request, pk=None, delivery_id=None, **kwargs):
-        endpoint = self._endpoint(pk)
+        endpoint = self.get_object()
         delivery = services.delivery_redeliver(
             actor=self.actor, delivery=self._delivery(endpoint, delivery_id)
         )
@@ -163,9 +157,10 @@ class WebhookActions:
 class WorkspaceWebhookViewSet(WebhookActions, WorkspaceViewSet):
     """Webhook endpoints that receive one workspace's events."""
 
+    workspace_field = "workspace"
     permission_map = dict.fromkeys(ACTIONS, roles.WS_MANAGE_WEBHOOKS)
 
-    def scoped_queryset(self):
+    def base_queryset(self):
         return selectors.endpoints_of(self.organization, self.workspace)
 
     def _workspace(self):
@@ -177,7 +172,8 @@ class OrgWebhookViewSet(WebhookActions, TenantViewSet):
     """Organisation-level webhook endpoints: every workspace's events, and the only place
     ``audit.event`` (the audit log as a stream) can be chosen."""
 
+    organization_field = "organization"
     permission_map = dict.fromkeys(ACTIONS, roles.ORG_MANAGE_WEBHOOKS)
 
-    def scoped_queryset(self):
+    def base_queryset(self):
         return selectors.endpoints_of(self.organization, None)

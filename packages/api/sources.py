@@ -1,7 +1,7 @@
 """Code sources of a workspace: git repositories jobs run code from (``spec.code``)."""
 
 from drf_spectacular.utils import OpenApiExample, extend_schema
-from rest_framework import exceptions, status
+from rest_framework import status
 from rest_framework.response import Response
 
 from packages import sources
@@ -15,6 +15,9 @@ from . import serializers as s
 
 class CodeSourceViewSet(WorkspaceViewSet):
     queryset = CodeSource.objects.none()
+    workspace_field = "workspace"
+    lookup_field = "name"
+    not_found_message = "No such code source in this workspace."
     serializer_class = s.CodeSourceOutput
     permission_map = {
         "list": roles.WS_VIEW,
@@ -24,14 +27,8 @@ class CodeSourceViewSet(WorkspaceViewSet):
         "destroy": roles.WS_MANAGE_TEMPLATES,
     }
 
-    def scoped_queryset(self):
-        return CodeSource.objects.filter(workspace=self.workspace).select_related("created_by")
-
-    def _source(self, name) -> CodeSource:
-        source = self.get_queryset().filter(name=name).first()
-        if source is None:
-            raise exceptions.NotFound("No such code source in this workspace.")
-        return source
+    def base_queryset(self):
+        return CodeSource.objects.select_related("created_by")
 
     @extend_schema(operation_id="code_sources_list")
     def list(self, request, org=None, ws=None):
@@ -62,7 +59,7 @@ class CodeSourceViewSet(WorkspaceViewSet):
 
     @extend_schema(operation_id="code_source_retrieve")
     def retrieve(self, request, org=None, ws=None, name=None):
-        return Response(s.CodeSourceOutput(self._source(name)).data)
+        return Response(s.CodeSourceOutput(self.get_object()).data)
 
     @extend_schema(
         operation_id="code_source_update",
@@ -70,7 +67,7 @@ class CodeSourceViewSet(WorkspaceViewSet):
         responses=s.CodeSourceOutput,
     )
     def partial_update(self, request, org=None, ws=None, name=None):
-        source = self._source(name)
+        source = self.get_object()
         data = s.CodeSourceUpdateInput(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
         updated = sources.source_update(actor=self.actor, source=source, data=data.validated_data)
@@ -78,5 +75,5 @@ class CodeSourceViewSet(WorkspaceViewSet):
 
     @extend_schema(operation_id="code_source_delete", responses={204: None})
     def destroy(self, request, org=None, ws=None, name=None):
-        sources.source_delete(actor=self.actor, source=self._source(name))
+        sources.source_delete(actor=self.actor, source=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)

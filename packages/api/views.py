@@ -1,7 +1,5 @@
 """Code packages of a workspace: upload a zip of a working directory, look one up."""
 
-import re
-
 from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -21,6 +19,11 @@ ZIP_TYPES = ("application/zip", "application/octet-stream", "application/x-zip-c
 
 class PackageViewSet(WorkspaceViewSet):
     queryset = CodePackage.objects.none()
+    workspace_field = "workspace"
+    lookup_field = "sha256"
+    # Only a sha256 can name a package; anything else (a NUL, a path) is not looked up.
+    lookup_value_regex = r"[0-9a-f]{64}"
+    not_found_message = "No such package in this workspace."
     serializer_class = PackageOutput
     permission_map = {
         "list": roles.WS_VIEW,
@@ -28,8 +31,8 @@ class PackageViewSet(WorkspaceViewSet):
         "create": roles.WS_SUBMIT_JOB,
     }
 
-    def scoped_queryset(self):
-        return CodePackage.objects.filter(workspace=self.workspace).select_related("uploaded_by")
+    def base_queryset(self):
+        return CodePackage.objects.select_related("uploaded_by")
 
     @extend_schema(operation_id="packages_list")
     def list(self, request, org=None, ws=None):
@@ -38,12 +41,7 @@ class PackageViewSet(WorkspaceViewSet):
 
     @extend_schema(operation_id="package_retrieve")
     def retrieve(self, request, org=None, ws=None, sha256=None):
-        # Only a sha256 can name a package; anything else (a NUL, a path) is not looked up.
-        valid = re.fullmatch(r"[0-9a-f]{64}", sha256 or "")
-        package = valid and self.get_queryset().filter(sha256=sha256).first()
-        if package is None:
-            raise exceptions.NotFound("No such package in this workspace.")
-        return Response(PackageOutput(package).data)
+        return Response(PackageOutput(self.get_object()).data)
 
     @extend_schema(
         operation_id="packages_upload",

@@ -81,11 +81,12 @@ class AuditEventViewSet(TenantViewSet):
 
     serializer_class = AuditEventOutput
     queryset = AuditEvent.objects.none()
+    organization_field = "organization"
     filterset_class = AuditEventFilter
     permission_map = {"list": roles.ORG_VIEW_AUDIT, "verify": roles.ORG_VIEW_AUDIT,
                       "export": roles.ORG_VIEW_AUDIT}  # fmt: skip
 
-    def scoped_queryset(self):
+    def base_queryset(self):
         return audit_events_for_org(organization=self.organization)
 
     @extend_schema(operation_id="audit_events_list")

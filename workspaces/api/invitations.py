@@ -3,7 +3,7 @@ address; whoever holds the token accepts it."""
 
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
-from rest_framework import exceptions, serializers, status
+from rest_framework import serializers, status
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -73,16 +73,16 @@ class InvitationViewSet(TenantViewSet):
 
     serializer_class = InvitationOutput
     queryset = Invitation.objects.none()
+    organization_field = "organization"
+    not_found_message = "No such invitation."
     permission_map = {
         "list": roles.ORG_MANAGE_USERS,
         "create": roles.ORG_MANAGE_USERS,
         "destroy": roles.ORG_MANAGE_USERS,
     }
 
-    def scoped_queryset(self):
-        return Invitation.objects.filter(organization=self.organization).select_related(
-            "invited_by"
-        )
+    def base_queryset(self):
+        return Invitation.objects.select_related("invited_by")
 
     @extend_schema(operation_id="invitations_list")
     def list(self, request, org=None):
@@ -115,10 +115,7 @@ class InvitationViewSet(TenantViewSet):
 
     @extend_schema(operation_id="invitation_revoke", responses={204: None})
     def destroy(self, request, org=None, pk=None):
-        invitation = self.get_queryset().filter(pk=pk).first()
-        if invitation is None:
-            raise exceptions.NotFound("No such invitation.")
-        invitations.invitation_revoke(actor=self.actor, invitation=invitation)
+        invitations.invitation_revoke(actor=self.actor, invitation=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -2,16 +2,24 @@
 
 It resolves ``org`` (and ``ws``) from the URL before any handler runs, answers 404 for anything the
 principal may not see (a foreign tenant's object does not exist, as far as the caller can tell),
-checks the permission the action declares (403), and hands out only scoped querysets. Subclasses
-may not override ``get_queryset``: they implement ``scoped_queryset()``, which runs after the
-checks, so there is no unscoped path to forget.
+checks the permission the action declares (403), and hands out only scoped querysets.
+
+Scoping is the base's job, not each view's: a view declares the field path from its model to the
+organisation (``organization_field``) or to the workspace (``workspace_field``) and implements
+``base_queryset()``; ``get_queryset()`` filters that by the URL's tenant, so a subclass cannot
+forget the filter or widen it. Subclasses may not override ``get_queryset``, and a view with rows
+but no scope declaration fails at import. Detail lookups go through ``get_object()`` over the
+scoped queryset. The one way around the scope is to implement ``dangerously_get_queryset()``, a
+name meant to be noticed in review.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from django.db.models import QuerySet
+from django.core.exceptions import ObjectDoesNotExist
+from django.db.models import Model, QuerySet
 from rest_framework import exceptions, viewsets
 from rest_framework.permissions import SAFE_METHODS
 
@@ -24,11 +32,28 @@ from workspaces.models import Organization, OrgMembership, Workspace
 ARCHIVED_ALLOWED = frozenset({"cancel", "reject"})
 
 
+def object_or_404(queryset: QuerySet, not_found: str, **lookup: Any) -> Model:
+    """The row of ``queryset`` that ``lookup`` names, or a 404 whose detail is ``not_found``."""
+    try:
+        return queryset.get(**lookup)
+    except ObjectDoesNotExist:
+        raise exceptions.NotFound(not_found) from None
+
+
 class TenantViewSetMixin:
     """Org-scoped. ``permission_map`` maps a viewset action (or an HTTP method, lower-case) to the
     org or workspace permission it needs; an action missing from the map is refused."""
 
     permission_map: dict[str, str] = {}
+    # The field path from the view's model to its organisation ("organization",
+    # "job__organization"): get_queryset() keeps the rows of the URL's organisation.
+    organization_field: str | None = None
+    # The same to its workspace; only a workspace view resolves one (WorkspaceViewSetMixin).
+    workspace_field: str | None = None
+    # The detail of the 404 a detail route answers for an object this tenant does not hold.
+    not_found_message = "Not found."
+    # When set, a lookup value that does not match it (a NUL, a path) is not looked up: 404.
+    lookup_value_regex: str | None = None
 
     organization: Organization
     org_membership: OrgMembership
@@ -37,7 +62,7 @@ class TenantViewSetMixin:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "get_queryset" in cls.__dict__:
-            raise TypeError(f"{cls.__name__}: implement scoped_queryset(), not get_queryset()")
+            raise TypeError(f"{cls.__name__}: implement base_queryset(), not get_queryset()")
         # Every action names the permission it needs: no entry means "refused", and there is no
         # value meaning "membership is enough" (name roles.WS_VIEW or roles.ORG_VIEW for that).
         unknown = {
@@ -47,6 +72,30 @@ class TenantViewSetMixin:
         }
         if unknown:
             raise TypeError(f"{cls.__name__}: permission_map names no permission: {unknown}")
+        problem = cls.scope_problem()
+        if problem:
+            raise TypeError(f"{cls.__name__}: {problem}")
+
+    @classmethod
+    def skips_scope(cls) -> bool:
+        return cls.dangerously_get_queryset is not TenantViewSetMixin.dangerously_get_queryset
+
+    @classmethod
+    def has_rows(cls) -> bool:
+        """Whether the view hands out rows the base must scope."""
+        if cls.skips_scope():
+            return False
+        overridden = cls.base_queryset is not TenantViewSetMixin.base_queryset
+        return overridden or getattr(cls, "queryset", None) is not None
+
+    @classmethod
+    def scope_problem(cls) -> str | None:
+        """Why this class's rows would not be scoped to the URL's organisation (None: they are)."""
+        if cls.workspace_field is not None:
+            return "an organisation-level view resolves no workspace to filter workspace_field by"
+        if cls.has_rows() and not cls.organization_field:
+            return "it has a queryset but declares no organization_field to scope it by"
+        return None
 
     # --- resolution ---------------------------------------------------------------------------
 
@@ -85,13 +134,41 @@ class TenantViewSetMixin:
 
     # --- querysets ----------------------------------------------------------------------------
 
-    def scoped_queryset(self) -> QuerySet:
+    def base_queryset(self) -> QuerySet:
+        """The view's rows before the tenant scope: what to select, join and order, and any
+        filter of the view's own. It need not filter by tenant; get_queryset() does."""
         raise NotImplementedError
+
+    def dangerously_get_queryset(self) -> QuerySet:
+        """Implemented only by a view whose rows are not its tenant's (none is today): its
+        queryset is then handed out as it is, unscoped."""
+        raise NotImplementedError
+
+    def scope(self) -> dict[str, Any]:
+        """The filter that keeps the rows of the URL's tenant."""
+        if self.organization_field:
+            return {self.organization_field: self.organization}
+        return {}
 
     def get_queryset(self) -> QuerySet:
         if getattr(self, "swagger_fake_view", False):  # schema generation: no tenant
             return self.queryset.none()  # type: ignore[attr-defined]
-        return self.scoped_queryset()
+        if self.skips_scope():
+            return self.dangerously_get_queryset()
+        return self.base_queryset().filter(**self.scope())
+
+    def get_object(self) -> Model:
+        """The object the URL names, from the scoped queryset; 404 with ``not_found_message``
+        when this tenant holds none. Query-string filters are for lists: unlike DRF's, this
+        lookup ignores them."""
+        kwarg = self.lookup_url_kwarg or self.lookup_field  # type: ignore[attr-defined]
+        value = self.kwargs[kwarg]  # type: ignore[attr-defined]
+        if self.lookup_value_regex and not re.fullmatch(self.lookup_value_regex, str(value)):
+            raise exceptions.NotFound(self.not_found_message)
+        lookup = {self.lookup_field: value}  # type: ignore[attr-defined]
+        found = object_or_404(self.get_queryset(), self.not_found_message, **lookup)
+        self.check_object_permissions(self.request, found)  # type: ignore[attr-defined]
+        return found
 
     @property
     def actor(self) -> Actor:
@@ -120,6 +197,19 @@ class WorkspaceViewSetMixin(TenantViewSetMixin):
             raise exceptions.NotFound("No such workspace.")
         self.workspace = workspace
         self.ws_perms = perms
+
+    @classmethod
+    def scope_problem(cls) -> str | None:
+        # The organisation alone would let every workspace's rows of the org through.
+        if cls.has_rows() and not cls.workspace_field:
+            return "it has a queryset but declares no workspace_field to scope it by"
+        return None
+
+    def scope(self) -> dict[str, Any]:
+        scope = super().scope()
+        if self.workspace_field:
+            scope[self.workspace_field] = self.workspace
+        return scope
 
     def held_permissions(self) -> frozenset[str]:
         return self.org_perms | self.ws_perms

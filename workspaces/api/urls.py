@@ -1,27 +1,27 @@
 from django.urls import path
 
-from . import audit, invitations, views
+from . import account, audit, compute_targets, invitations, organizations, workspaces
 
 ORG = "orgs/<slug:org>/"
 WS = ORG + "workspaces/<slug:ws>/"
 
 urlpatterns = [
-    path("auth/tokens/", views.TokenViewSet.as_view({"get": "list", "post": "create"})),
-    path("auth/tokens/<int:pk>/", views.TokenViewSet.as_view({"delete": "destroy"})),
-    path("me/", views.MeView.as_view()),
-    path("orgs/", views.OrgListView.as_view({"get": "list"})),
-    path(ORG, views.OrgViewSet.as_view({"get": "retrieve", "patch": "partial_update"})),
+    path("auth/tokens/", account.TokenViewSet.as_view({"get": "list", "post": "create"})),
+    path("auth/tokens/<int:pk>/", account.TokenViewSet.as_view({"delete": "destroy"})),
+    path("me/", account.MeView.as_view()),
+    path("orgs/", organizations.OrgListView.as_view({"get": "list"})),
+    path(ORG, organizations.OrgViewSet.as_view({"get": "retrieve", "patch": "partial_update"})),
     path(
         ORG + "compute-targets/",
-        views.ComputeTargetViewSet.as_view({"get": "list", "post": "create"}),
+        compute_targets.ComputeTargetViewSet.as_view({"get": "list", "post": "create"}),
     ),
     path(
         ORG + "compute-targets/<int:pk>/",
-        views.ComputeTargetViewSet.as_view(
+        compute_targets.ComputeTargetViewSet.as_view(
             {"get": "retrieve", "patch": "partial_update", "delete": "destroy"}
         ),
     ),
-    path(ORG + "users/", views.OrgUserViewSet.as_view({"get": "list"})),
+    path(ORG + "users/", organizations.OrgUserViewSet.as_view({"get": "list"})),
     path(ORG + "audit-events/", audit.AuditEventViewSet.as_view({"get": "list"})),
     path(ORG + "audit-events/verify/", audit.AuditEventViewSet.as_view({"get": "verify"})),
     path(ORG + "audit-events/export/", audit.AuditEventViewSet.as_view({"get": "export"})),
@@ -36,17 +36,17 @@ urlpatterns = [
     path("invitations/accept/", invitations.InvitationAcceptView.as_view()),
     path(
         ORG + "workspaces/",
-        views.WorkspaceListViewSet.as_view({"get": "list", "post": "create"}),
+        workspaces.WorkspaceListViewSet.as_view({"get": "list", "post": "create"}),
     ),
     path(
         WS,
-        views.WorkspaceDetailViewSet.as_view(
+        workspaces.WorkspaceDetailViewSet.as_view(
             {"get": "retrieve", "patch": "partial_update", "delete": "destroy"}
         ),
     ),
-    path(WS + "members/", views.MemberViewSet.as_view({"get": "list", "post": "create"})),
+    path(WS + "members/", workspaces.MemberViewSet.as_view({"get": "list", "post": "create"})),
     path(
         WS + "members/<int:pk>/",
-        views.MemberViewSet.as_view({"patch": "partial_update", "delete": "destroy"}),
+        workspaces.MemberViewSet.as_view({"patch": "partial_update", "delete": "destroy"}),
     ),
 ]
