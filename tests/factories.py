@@ -500,7 +500,8 @@ class CodeSourceFactory(DjangoModelFactory):
 
 
 class JobTemplateFactory(DjangoModelFactory):
-    """The counter template, published by a workspace admin, with its first version."""
+    """The counter template, published by a workspace admin, with its first version (set it
+    with ``version__spec_changes``, ``version__allowed_overrides``)."""
 
     class Meta:
         model = JobTemplate
@@ -517,15 +518,19 @@ class JobTemplateFactory(DjangoModelFactory):
 
 
 class JobTemplateVersionFactory(DjangoModelFactory):
-    """The template's next version; the template then points at it, as template_update does."""
+    """The template's next version (the counter spec with ``spec_changes``); the template then
+    points at it, as template_update does."""
 
     class Meta:
         model = JobTemplateVersion
         skip_postgeneration_save = True
 
+    class Params:
+        spec_changes = factory.LazyFunction(dict)
+
     template = factory.SubFactory(JobTemplateFactory, version=None)
     version = factory.LazyAttribute(lambda o: o.template.latest_version + 1)
-    spec = factory.LazyAttribute(lambda o: resolved_spec(o.template.organization))
+    spec = factory.LazyAttribute(lambda o: resolved_spec(o.template.organization, **o.spec_changes))
     allowed_overrides = factory.LazyFunction(lambda: list(TEMPLATE_OVERRIDES))
     created_by = factory.SelfAttribute("template.created_by")
 
