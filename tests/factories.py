@@ -18,6 +18,7 @@ import json
 import secrets
 
 import factory
+from django.conf import settings
 from django.contrib.auth.models import Group
 from django.utils import timezone
 from factory.django import DjangoModelFactory
@@ -189,7 +190,9 @@ class InvitationFactory(KeepsSecret, DjangoModelFactory):
     token = factory.LazyFunction(lambda: invitations.TOKEN_PREFIX + secrets.token_urlsafe(32))
     token_hash = factory.LazyAttribute(lambda o: token_hash(o.token))
     invited_by = admin_of_its_organization()
-    expires_at = factory.LazyFunction(lambda: timezone.now() + dt.timedelta(days=7))
+    expires_at = factory.LazyFunction(
+        lambda: timezone.now() + dt.timedelta(days=settings.MANTA_INVITATION_DAYS)
+    )
 
 
 class GroupFactory(DjangoModelFactory):
