@@ -13,7 +13,7 @@ from .models import DeliveryState, WebhookAttempt, WebhookDelivery, WebhookEndpo
 def endpoints_of(organization: Organization, workspace: Workspace | None) -> QuerySet:
     """A workspace's endpoints, or the organisation-level ones when ``workspace`` is None."""
     qs = WebhookEndpoint.objects.filter(organization=organization).select_related(
-        "organization", "workspace"
+        "organization", "workspace", "created_by"
     )
     qs = qs.filter(workspace=workspace) if workspace is not None else qs.filter(workspace=None)
     return qs.order_by("id")

@@ -1,5 +1,5 @@
-"""Shared fixtures: a small world of two organisations, built through the real services, and API
-clients that authenticate with real tokens."""
+"""Shared fixtures: a small world of two organisations, made with the factories, and API clients
+that authenticate with real tokens."""
 
 from __future__ import annotations
 
@@ -9,12 +9,19 @@ import pytest
 from django.db import transaction
 from rest_framework.test import APIClient
 
-from audit.context import Actor
-from workspaces import identity, services
+from tests.factories import (
+    PASSWORD,
+    SYSTEM,
+    ApiTokenFactory,
+    JobTemplateFactory,
+    OrganizationFactory,
+    UserFactory,
+    WorkspaceFactory,
+    WorkspaceMembershipFactory,
+)
 from workspaces.models import Organization, User, Workspace
 
-SYSTEM = Actor.system("tests")
-PASSWORD = "correct-horse-battery-staple"
+__all__ = ["PASSWORD", "SYSTEM", "World", "build_world"]
 
 
 @dataclasses.dataclass
@@ -32,37 +39,34 @@ class World:
         return client
 
 
-def make_user(org: Organization, email: str, org_role: str = "member") -> User:
-    return services.user_create_in_org(
-        actor=SYSTEM, organization=org, email=email, password=PASSWORD, org_role=org_role
-    ).user
+# who: (email, organisation, org role, role in acme/ml)
+PEOPLE = {
+    "owner": ("owner@acme.test", "acme", "owner", None),
+    "org_admin": ("admin@acme.test", "acme", "admin", None),
+    "member": ("member@acme.test", "acme", "member", None),
+    "ws_admin": ("wsadmin@acme.test", "acme", "member", "admin"),
+    "developer": ("dev@acme.test", "acme", "member", "developer"),
+    "developer2": ("dev2@acme.test", "acme", "member", "developer"),
+    "viewer": ("viewer@acme.test", "acme", "member", "viewer"),
+    "foreign": ("owner@globex.test", "globex", "owner", None),
+}
 
 
 def build_world() -> World:
-    org, owner = services.org_create(
-        actor=SYSTEM, slug="acme", name="Acme", owner_email="owner@acme.test",
-        owner_password=PASSWORD,
-    )  # fmt: skip
-    other, foreign = services.org_create(
-        actor=SYSTEM, slug="globex", name="Globex", owner_email="owner@globex.test",
-        owner_password=PASSWORD,
-    )  # fmt: skip
-    users = {
-        "owner": owner,
-        "org_admin": make_user(org, "admin@acme.test", "admin"),
-        "member": make_user(org, "member@acme.test"),
-        "ws_admin": make_user(org, "wsadmin@acme.test"),
-        "developer": make_user(org, "dev@acme.test"),
-        "developer2": make_user(org, "dev2@acme.test"),
-        "viewer": make_user(org, "viewer@acme.test"),
-        "foreign": foreign,
+    """Acme, whose workspace ``ml`` has a user of each workspace role, beside org owner, admin and
+    a plain member; and Globex, whose owner is the foreign user. Each user has a token."""
+    orgs = {
+        "acme": OrganizationFactory(slug="acme", name="Acme"),
+        "globex": OrganizationFactory(slug="globex", name="Globex"),
     }
-    ws = services.workspace_create(actor=SYSTEM, organization=org, slug="ml", name="ML")
-    for who, role in [("ws_admin", "admin"), ("developer", "developer"),
-                      ("developer2", "developer"), ("viewer", "viewer")]:  # fmt: skip
-        services.member_add(actor=SYSTEM, workspace=ws, email=users[who].email, role=role)
-    tokens = {who: identity.token_create(actor=SYSTEM, user=u)[1] for who, u in users.items()}
-    return World(org=org, ws=ws, other_org=other, users=users, tokens=tokens)
+    ws = WorkspaceFactory(organization=orgs["acme"], slug="ml", name="ML")
+    users = {}
+    for who, (email, org, org_role, ws_role) in PEOPLE.items():
+        users[who] = UserFactory(email=email, full_name="", in_org=orgs[org], in_org__role=org_role)
+        if ws_role:
+            WorkspaceMembershipFactory(workspace=ws, user=users[who], role=ws_role)
+    tokens = {who: ApiTokenFactory(user=user, name="").secret for who, user in users.items()}
+    return World(org=orgs["acme"], ws=ws, other_org=orgs["globex"], users=users, tokens=tokens)
 
 
 @pytest.fixture(scope="module")
@@ -84,17 +88,9 @@ def world(_module_world, db) -> World:
 @pytest.fixture
 def template(world):
     """The counter template in world.ws, as the workspace admin published it."""
-    from jobs import services as job_services
-    from tests.jobs.conftest import counter_spec
-
-    version = job_services.template_create(
-        actor=Actor.for_user(world.users["ws_admin"]),
-        workspace=world.ws,
-        name="counter",
-        spec=counter_spec(),
-        allowed_overrides=["entrypoint", "worker_groups", "priority", "max_runtime_seconds"],
+    return JobTemplateFactory(
+        workspace=world.ws, name="counter", created_by=world.users["ws_admin"]
     )
-    return version.template
 
 
 @pytest.fixture

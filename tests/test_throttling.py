@@ -18,10 +18,8 @@ from rest_framework.test import APIClient
 
 from config import throttles
 from config.throttles import RateThrottle, client_address, parse_rate
-from jobs import services as job_services
-from tests.conftest import PASSWORD, SYSTEM
-from tests.jobs.conftest import counter_spec
-from workspaces import services as ws_services
+from tests.conftest import PASSWORD
+from tests.factories import JobTemplateFactory, WorkspaceFactory, WorkspaceMembershipFactory
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = "/api/v1/auth/tokens/"
@@ -202,12 +200,9 @@ def test_an_unreadable_body_is_400_not_a_crash(world, rates, clock):
 @pytest.fixture
 def second_workspace(world, template):
     """ml2 in acme, where the developer may submit too; a template in each workspace."""
-    ws2 = ws_services.workspace_create(actor=SYSTEM, organization=world.org, slug="ml2")
-    ws_services.member_add(actor=SYSTEM, workspace=ws2, email="dev@acme.test", role="developer")
-    version = job_services.template_create(
-        actor=SYSTEM, workspace=ws2, name="counter", spec=counter_spec()
-    )
-    return {WS: template.pk, WS2: version.template.pk}
+    ws2 = WorkspaceFactory(organization=world.org, slug="ml2")
+    WorkspaceMembershipFactory(workspace=ws2, user=world.users["developer"], role="developer")
+    return {WS: template.pk, WS2: JobTemplateFactory(workspace=ws2, name="counter").pk}
 
 
 def submit(world, who, ws=WS, templates=None):

@@ -9,6 +9,20 @@ from django.db import connection
 
 from audit.chain import org_chain, verify_chain
 from audit.models import AuditEvent
+from tests.conftest import SYSTEM
+from workspaces import services
+
+
+@pytest.fixture(autouse=True)
+def trail(world):
+    """What these tests read: the trail the services leave in Acme's chain when a workspace is
+    created and four roles are granted in it."""
+    workspace = services.workspace_create(actor=SYSTEM, organization=world.org, slug="audited")
+    for who, role in [("ws_admin", "admin"), ("developer", "developer"),
+                      ("developer2", "developer"), ("viewer", "viewer")]:  # fmt: skip
+        services.member_add(
+            actor=SYSTEM, workspace=workspace, email=world.users[who].email, role=role
+        )
 
 
 def test_events_chain_and_verify(world):
@@ -63,7 +77,7 @@ def test_list_filters(world):
     url = f"/api/v1/orgs/{world.org.slug}/audit-events/"
     adds = client.get(url, {"action": "member.add"}).json()
     assert adds["count"] == 4
-    assert {e["workspace"] for e in adds["results"]} == {"ml"}
+    assert {e["workspace"] for e in adds["results"]} == {"audited"}
     prefix = client.get(url, {"action": "member."}).json()
     assert prefix["count"] == 4
     by_target = client.get(url, {"target_type": "workspace"}).json()

@@ -23,12 +23,11 @@ from manta import Client
 from manta.cli import app
 from typer.testing import CliRunner, Result
 
-from audit.context import Actor
-from jobs import services as job_services
 from tests.conftest import World, build_world
-from tests.jobs.conftest import counter_spec
+from tests.factories import JobTemplateFactory
 
 ENV_NAMES = ("MANTA_URL", "MANTA_TOKEN", "MANTA_ORG", "MANTA_WORKSPACE")
+CLI_OVERRIDES = ["entrypoint", "image", "runtime_env", "worker_groups", "priority"]
 
 
 @pytest.fixture
@@ -39,14 +38,12 @@ def live_world(transactional_db) -> World:
 @pytest.fixture
 def counter(live_world):
     """The counter template in acme/ml, with what the CLI overrides allowed."""
-    version = job_services.template_create(
-        actor=Actor.for_user(live_world.users["ws_admin"]),
+    return JobTemplateFactory(
         workspace=live_world.ws,
         name="counter",
-        spec=counter_spec(),
-        allowed_overrides=["entrypoint", "image", "runtime_env", "worker_groups", "priority"],
+        created_by=live_world.users["ws_admin"],
+        version__allowed_overrides=CLI_OVERRIDES,
     )
-    return version.template
 
 
 @pytest.fixture

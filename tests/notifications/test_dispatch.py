@@ -10,7 +10,8 @@ from notifications import dispatch
 from notifications.models import WebhookDelivery
 from outbox import services as outbox
 from outbox.models import DomainEvent
-from tests.conftest import SYSTEM, make_user
+from tests.conftest import SYSTEM
+from tests.factories import UserFactory
 from workspaces import services as ws_services
 
 from .conftest import emit, make_endpoint, pump
@@ -76,7 +77,7 @@ def test_membership_and_workspace_events(world, receiver):
     make_endpoint(world, receiver.url(), org_level=True)
     admin = Actor.for_user(world.users["owner"])
     ws = ws_services.workspace_create(actor=admin, organization=world.org, slug="new", name="New")
-    user = make_user(world.org, "newbie@acme.test")
+    user = UserFactory(email="newbie@acme.test", in_org=world.org)
     membership = ws_services.member_add(actor=admin, workspace=ws, email=user.email, role="viewer")
     ws_services.member_remove(actor=admin, membership=membership)
     pump()

@@ -22,8 +22,7 @@ from jobs.models import Job, JobAttempt
 from jobs.selectors import package_in_use
 from packages import services
 from packages.models import CodePackage
-from tests.conftest import SYSTEM
-from workspaces import services as ws_services
+from tests.factories import WorkspaceFactory, WorkspaceMembershipFactory
 
 WS = "/api/v1/orgs/acme/workspaces/ml/"
 
@@ -77,11 +76,9 @@ def test_the_same_content_is_stored_once(world, package_store):
 
 def test_another_workspace_does_not_see_a_package_it_did_not_upload(world, package_store):
     sha = upload(world, CODE).json()["sha256"]
-    ws_services.workspace_create(actor=SYSTEM, organization=world.org, slug="other", name="O")
-    ws_services.member_add(
-        actor=SYSTEM,
-        workspace=world.org.workspaces.get(slug="other"),
-        email="dev@acme.test",
+    WorkspaceMembershipFactory(
+        workspace=WorkspaceFactory(organization=world.org, slug="other"),
+        user=world.users["developer"],
         role="developer",
     )
     other = "/api/v1/orgs/acme/workspaces/other/"

@@ -12,22 +12,23 @@ from jobs.models import Job
 from jobs.state import transition
 from quotas.models import OrgQuota, Reservation, WorkspaceQuota
 from tests.conftest import SYSTEM
-from tests.jobs.conftest import counter_spec
-from workspaces import services as ws_services
+from tests.factories import JobTemplateFactory, WorkspaceFactory
+
+
+def bare_template(workspace):
+    """A template whose jobs ask for what their overrides say (no workers of its own)."""
+    return JobTemplateFactory(
+        workspace=workspace,
+        name="t",
+        version__spec_changes={"worker_groups": []},
+        version__allowed_overrides=["worker_groups", "priority"],
+    )
 
 
 @pytest.fixture
 def two_workspaces(world):
-    other = ws_services.workspace_create(actor=SYSTEM, organization=world.org, slug="other")
-    templates = {}
-    for ws in (world.ws, other):
-        templates[ws.slug] = job_services.template_create(
-            actor=SYSTEM,
-            workspace=ws,
-            name="t",
-            spec=counter_spec(worker_groups=[]),
-            allowed_overrides=["worker_groups", "priority"],
-        ).template
+    other = WorkspaceFactory(organization=world.org, slug="other")
+    templates = {ws.slug: bare_template(ws) for ws in (world.ws, other)}
     return world, {"ml": world.ws, "other": other}, templates
 
 

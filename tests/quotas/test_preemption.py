@@ -8,15 +8,17 @@ import pytest
 from django.utils import timezone
 
 from jobs import admission, attempts
-from jobs import services as job_services
 from jobs.accounting import reconcile
 from jobs.models import Job, JobAttempt, JobEvent
 from outbox.models import DomainEvent
 from quotas.models import Reservation, WorkspaceQuota
-from tests.conftest import SYSTEM
-from tests.jobs.conftest import counter_spec
-from tests.quotas.test_admission import queue_job, setup_quota, two_workspaces  # noqa: F401
-from workspaces import services as ws_services
+from tests.factories import WorkspaceFactory
+from tests.quotas.test_admission import (  # noqa: F401
+    bare_template,
+    queue_job,
+    setup_quota,
+    two_workspaces,
+)
 
 
 def guarantee(ws, gpu, limit=None):
@@ -141,14 +143,8 @@ def test_victims_lowest_priority_first_then_newest(two_workspaces):  # noqa: F81
 
 def test_only_borrowers_are_preempted(two_workspaces):  # noqa: F811
     world, spaces, templates = two_workspaces
-    third = ws_services.workspace_create(actor=SYSTEM, organization=world.org, slug="third")
-    third_tpl = job_services.template_create(
-        actor=SYSTEM,
-        workspace=third,
-        name="t",
-        spec=counter_spec(worker_groups=[]),
-        allowed_overrides=["worker_groups", "priority"],
-    ).template
+    third = WorkspaceFactory(organization=world.org, slug="third")
+    third_tpl = bare_template(third)
     # capacity 6: ml 2, other 2 (within its guarantee, at priority 1), third 0 (all borrowed)
     guarantee(spaces["ml"], 2, 6)
     guarantee(spaces["other"], 2, 6)

@@ -4,6 +4,7 @@ from django.test import Client
 
 from audit.models import AuditEvent
 from tests.conftest import PASSWORD, SYSTEM
+from tests.factories import AuditEventFactory
 from workspaces import services
 from workspaces.models import Workspace
 
@@ -60,7 +61,7 @@ def test_admin_edit_goes_through_the_service_and_is_audited(world):
 
 def test_audit_events_are_read_only_in_admin(world):
     client = login("owner@acme.test")
-    event = AuditEvent.objects.filter(organization=world.org).first()
+    event = AuditEventFactory(organization=world.org)
     url = f"/admin/audit/auditevent/{event.pk}/change/"
     page = client.get(url)
     assert page.status_code == 200

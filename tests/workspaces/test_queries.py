@@ -4,8 +4,13 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from tests.conftest import SYSTEM, make_user
-from workspaces import identity, services
+from tests.factories import (
+    ApiTokenFactory,
+    AuditEventFactory,
+    OrgMembershipFactory,
+    WorkspaceFactory,
+    WorkspaceMembershipFactory,
+)
 
 LISTS = [
     "/api/v1/orgs/",
@@ -19,11 +24,10 @@ LISTS = [
 
 @pytest.fixture
 def crowded(world):
-    for index in range(12):
-        user = make_user(world.org, f"extra{index}@acme.test")
-        services.member_add(actor=SYSTEM, workspace=world.ws, email=user.email, role="viewer")
-        services.workspace_create(actor=SYSTEM, organization=world.org, slug=f"w{index}")
-        identity.token_create(actor=SYSTEM, user=world.users["owner"], name=f"t{index}")
+    WorkspaceMembershipFactory.create_batch(12, workspace=world.ws, role="viewer")
+    WorkspaceFactory.create_batch(12, organization=world.org)
+    ApiTokenFactory.create_batch(12, user=world.users["owner"])
+    AuditEventFactory.create_batch(12, organization=world.org)
     return world
 
 
@@ -40,10 +44,7 @@ def test_query_count_does_not_grow_with_page_size(crowded, url):
     client = crowded.client("owner")
     if url == "/api/v1/orgs/":
         # an owner sees few orgs: give them more
-        for index in range(10):
-            services.org_create(
-                actor=SYSTEM, slug=f"o{index}", name="", owner_email="owner@acme.test"
-            )
+        OrgMembershipFactory.create_batch(10, user=crowded.users["owner"], role="owner")
     client.get("/api/v1/me/")  # the token's last-used write happens at most once a minute
     small = count_queries(client, url, 2)
     large = count_queries(client, url, 10)
