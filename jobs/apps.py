@@ -6,7 +6,7 @@ class JobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import attempts, state, tasks
+        from . import following, state, tasks
         from .models import TERMINAL_STATES, JobState
 
         # Nothing leaves before commit: these run after the transition's transaction commits.
@@ -14,4 +14,4 @@ class JobsConfig(AppConfig):
         # admission pass.
         for joined_or_freed in (JobState.QUEUED, *TERMINAL_STATES):
             state.on_state(joined_or_freed, lambda job_id: tasks.admit.delay())
-        state.on_state(JobState.CANCELLED, attempts.job_cancelled)
+        state.on_state(JobState.CANCELLED, following.job_cancelled)

@@ -14,7 +14,7 @@ from django.utils import timezone
 from workspaces.models import ComputeTargetKind
 
 from .accounting import budget_alerts, reconcile
-from .attempts import follow_start
+from .following import follow_start
 from .launchers import launcher_for
 from .models import ATTEMPT_ACTIVE, AttemptState, Job, JobAttempt, JobState
 

@@ -11,7 +11,7 @@ from django.db import InterfaceError, OperationalError
 from config.celery import send_many
 from packages import services as package_services
 
-from . import attempts, selectors
+from . import following, launching, selectors
 from . import sweep as sweeping
 
 logger = logging.getLogger(__name__)
@@ -69,12 +69,12 @@ def fan_out_launches(attempt_ids: list[str]) -> None:
 
 @shared_task(name="manta.jobs.launch_attempt", **DB_RETRY)
 def launch_attempt(attempt_id: str) -> None:
-    attempts.attempt_launch(attempt_id)
+    launching.attempt_launch(attempt_id)
 
 
 @shared_task(name="manta.jobs.follow_attempt", **DB_RETRY)
 def follow_attempt(attempt_id: str, token: int) -> None:
-    if attempts.attempt_follow(attempt_id, token):
+    if following.attempt_follow(attempt_id, token):
         follow_attempt.apply_async(
             (attempt_id, token), countdown=settings.MANTA_FOLLOW_INTERVAL_SECONDS
         )
@@ -82,12 +82,12 @@ def follow_attempt(attempt_id: str, token: int) -> None:
 
 @shared_task(name="manta.jobs.cancel_attempt", **DB_RETRY)
 def cancel_attempt(attempt_id: str) -> None:
-    attempts.attempt_cancel(attempt_id)
+    following.attempt_cancel(attempt_id)
 
 
 @shared_task(name="manta.jobs.evict_attempt", **DB_RETRY)
 def evict_attempt(attempt_id: str) -> None:
-    attempts.attempt_evict(attempt_id)
+    following.attempt_evict(attempt_id)
 
 
 @shared_task(name="manta.jobs.sweep", **DB_RETRY)

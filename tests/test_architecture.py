@@ -197,3 +197,40 @@ def test_imports_inside_functions_and_relative_imports_are_seen():
         "jobs.models",
         "quotas.services",
     ]
+
+
+# The attempt lifecycle reaches launchers only through the contract (jobs/launchers/base.py):
+# it never asks which kind it holds, nor imports one.
+LIFECYCLE = (
+    "jobs.attempts",
+    "jobs.launching",
+    "jobs.following",
+    "jobs.sweep",
+    "jobs.logs",
+    "jobs.launch_requests",
+)
+CONCRETE_LAUNCHERS = (
+    "jobs.launchers.local",
+    "jobs.launchers.kuberay",
+    "jobs.launchers.ray_cluster",
+)
+
+
+def test_the_attempt_lifecycle_never_asks_which_launcher_it_holds():
+    found = []
+    for module in LIFECYCLE:
+        path = MODULES[module]
+        tree = ast.parse(path.read_text())
+        found += [
+            f"{path.relative_to(ROOT)}:{node.lineno} hasattr()"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "hasattr"
+        ]
+        found += [
+            f"{imp.where} imports {imp.imported}"
+            for imp in imports_in(
+                module, path.read_text(), is_package=False, where=str(path.relative_to(ROOT))
+            )
+            if imp.imported.startswith(CONCRETE_LAUNCHERS)
+        ]
+    assert not found, "\n".join(found)

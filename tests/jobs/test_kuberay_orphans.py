@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from jobs import admission, attempts
+from jobs import admission, following
 from jobs.launch_requests import launch_request, resolve_target
 from jobs.launchers import launcher_for
 from jobs.models import JobAttempt
@@ -44,7 +44,7 @@ def test_teardown_deletes_the_rayjob_a_start_left_without_a_handle(kuberay_attem
     [(namespace, name)] = stub.rayjobs
     assert name == attempt.cluster_name
 
-    attempts.attempt_teardown(attempt)
+    following.attempt_teardown(attempt)
     assert stub.rayjobs == {}
     assert stub.requests_to("DELETE", f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/{name}")
     attempt.refresh_from_db()
@@ -58,5 +58,5 @@ def test_a_rayjob_of_another_submission_is_left_alone(kuberay_attempt, stub):
     foreign = dataclasses.replace(request, submission_id="someone-else")
     launcher_for(target.kind, target.config).start_cluster(foreign)
     assert launcher_for(target.kind, target.config).find_started(request) == []
-    attempts.attempt_teardown(attempt)
+    following.attempt_teardown(attempt)
     assert len(stub.rayjobs) == 1

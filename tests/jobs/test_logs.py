@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from config import secrets
-from jobs import attempts
+from jobs import following
 from jobs.models import JobAttempt
 from tests.jobs.conftest import submit
 
@@ -68,12 +68,12 @@ def test_since_returns_only_new_text(world, attempt):
 
 def test_the_archive_answers_once_written_and_keeps_offsets_of_the_whole_log(world, attempt):
     # A log longer than the archive keeps its tail; offsets still count from the log's start.
-    long = "x" * (attempts.LOG_ARCHIVE_LIMIT + 5) + "end\n"
-    attempts._save_log(attempt.pk, long)
+    long = "x" * (following.LOG_ARCHIVE_LIMIT + 5) + "end\n"
+    following._save_log(attempt.pk, long)
     JobAttempt.objects.filter(pk=attempt.pk).update(torn_down_at=timezone.now())
     body = logs(world, attempt.job_id)
     assert body["source"] == "archive" and body["offset"] == len(long)
-    assert len(body["logs"]) == attempts.LOG_ARCHIVE_LIMIT and body["logs"].endswith("end\n")
+    assert len(body["logs"]) == following.LOG_ARCHIVE_LIMIT and body["logs"].endswith("end\n")
     assert logs(world, attempt.job_id, since=len(long) - 4)["logs"] == "end\n"
     # Asked from before what is kept: everything kept.
     assert logs(world, attempt.job_id, since=0)["logs"] == body["logs"]
@@ -89,10 +89,10 @@ def test_following_an_ended_attempt_streams_its_archive_from_since(world, attemp
 
 
 def test_a_shorter_log_never_replaces_a_longer_copy(attempt):
-    attempts._save_log(attempt.pk, "line 0\n")
+    following._save_log(attempt.pk, "line 0\n")
     attempt.refresh_from_db()
     assert attempt.log_archive == LOG
-    attempts._save_log(attempt.pk, LOG + "line 10\n")
+    following._save_log(attempt.pk, LOG + "line 10\n")
     attempt.refresh_from_db()
     assert attempt.log_archive == LOG + "line 10\n" and attempt.log_start == 0
 

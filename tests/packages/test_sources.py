@@ -12,7 +12,7 @@ from django.core.files.storage import storages
 from django.db import connection
 
 from audit.models import AuditEvent
-from jobs import attempts, launch_requests
+from jobs import launch_requests, launching
 from jobs.models import Job, JobAttempt
 from packages import sources
 from packages.models import CodePackage, CodeSource
@@ -233,7 +233,7 @@ def test_an_attempt_records_its_commit_and_a_retry_reuses_it(world, repo):
     )
     job = Job.objects.get(pk=submitted.json()["id"])
     one = JobAttempt.objects.create(job=job, number=1, cluster_name="c-1")
-    attempts._fetch_code(one)
+    launching._fetch_code(one)
     one.refresh_from_db()
     assert one.code_commit == first_head and len(one.code_package) == 64
     request = launch_requests.launch_request(one, launch_requests.resolve_target(job))
@@ -242,7 +242,7 @@ def test_an_attempt_records_its_commit_and_a_retry_reuses_it(world, repo):
     repo.commit({"train.py": "print('a newer commit')\n"})
     assert repo.push() != first_head
     two = JobAttempt.objects.create(job=job, number=2, cluster_name="c-2")
-    attempts._fetch_code(two)
+    launching._fetch_code(two)
     two.refresh_from_db()
     assert (two.code_commit, two.code_package) == (one.code_commit, one.code_package)
 

@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from jobs import admission, attempts
+from jobs import admission, following, launching
 from jobs.accounting import reconcile
 from jobs.models import Job, JobAttempt, JobEvent
 from outbox.models import DomainEvent
@@ -90,10 +90,10 @@ def test_evicting_a_preempted_attempt_tears_it_down_once(borrowed):
     queue_job(world, spaces["ml"], templates["ml"], 2, minutes_ago=1)
     admission.admit(world.org.pk)
     attempt = JobAttempt.objects.get(job_id=borrower)
-    attempts.attempt_launch(str(attempt.pk))  # a late launch task does nothing
+    launching.attempt_launch(str(attempt.pk))  # a late launch task does nothing
     attempt.refresh_from_db()
     assert not attempt.handle_encrypted and attempt.cluster_ready_at is None
-    attempts.attempt_evict(str(attempt.pk))
+    following.attempt_evict(str(attempt.pk))
     attempt.refresh_from_db()
     assert attempt.torn_down_at is not None and attempt.state == "preempted"
 

@@ -1,0 +1,290 @@
+"""Following an attempt to its end: poll Ray once per step, record a heartbeat, move the job along,
+bring back dead nodes, enforce the deadline and, at the end, archive the logs, tear the cluster
+down and settle the job (retrying on a fresh cluster while ``max_retries`` allows). A follow step
+reschedules itself; the sweep restarts following for attempts whose heartbeat went stale (a
+worker died). Cancelled and preempted attempts are torn down here too."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Length
+from django.utils import timezone
+
+from config import secrets
+
+from .attempts import SYSTEM, handle_of, leased, load, move_job, stop_orphans
+from .launch_requests import resolve_target
+from .launchers import launcher_for
+from .launchers.base import (
+    RAY_FAILED,
+    RAY_RUNNING,
+    RAY_STOPPED,
+    RAY_SUCCEEDED,
+    RAY_TERMINAL,
+    LaunchError,
+    NodeFailures,
+    RayJobState,
+)
+from .models import ATTEMPT_ACTIVE, AttemptState, Job, JobAttempt, JobState
+from .state import record_event
+
+logger = logging.getLogger(__name__)
+LOG_ARCHIVE_LIMIT = 2_000_000  # characters kept of a driver log (its tail)
+
+
+# --- following ---------------------------------------------------------------------------------
+
+
+def follow_start(attempt_id: str) -> None:
+    """(Re)start following: a new token makes any older follow chain stop at its next step."""
+    JobAttempt.objects.filter(pk=attempt_id).update(
+        follow_token=F("follow_token") + 1, heartbeat_at=timezone.now()
+    )
+    token = JobAttempt.objects.values_list("follow_token", flat=True).get(pk=attempt_id)
+    from . import tasks
+
+    transaction.on_commit(lambda: tasks.follow_attempt.delay(attempt_id, token), robust=True)
+
+
+def attempt_follow(attempt_id: str, token: int) -> bool:
+    """One step of following. Returns True when the caller should schedule another step."""
+    attempt = load(attempt_id)
+    if attempt.follow_token != token or attempt.state not in ATTEMPT_ACTIVE:
+        return False
+    job = attempt.job
+    if job.state not in (JobState.LAUNCHING, JobState.RUNNING):
+        return False  # cancelled: the cancel hook tears down
+    if not attempt.submitted:
+        return False  # the launch task owns it until it is submitted
+    target = resolve_target(job)
+    launcher = launcher_for(target.kind, target.config)
+    handle = handle_of(attempt)
+    try:
+        state = launcher.status(handle)
+    except LaunchError as exc:
+        # The follower is alive (heartbeat) even when Ray is not: the sweep leaves it be, and
+        # the time since Ray last answered, not since the last follow step, decides the loss.
+        now = timezone.now()
+        JobAttempt.objects.filter(pk=attempt_id).update(heartbeat_at=now)
+        seen = attempt.ray_seen_at or attempt.submitted_at or attempt.created_at
+        if (now - seen).total_seconds() > settings.MANTA_CLUSTER_LOST_SECONDS:
+            attempt_settle(attempt_id, RayJobState(RAY_FAILED, str(exc)), reason="cluster_lost")
+            return False
+        return not _deadline_kept(attempt_id, attempt, job, now)
+    now = timezone.now()
+    JobAttempt.objects.filter(pk=attempt_id).update(
+        heartbeat_at=now,
+        ray_seen_at=now,
+        ray_status=state.status,
+        ray_message=state.message[:4000],
+    )
+    if state.status in RAY_TERMINAL:
+        attempt_settle(attempt_id, state, reason=state.reason)
+        return False
+    _save_log_now_and_then(attempt, launcher, handle, now)
+    try:
+        _heal(attempt, launcher, handle)
+    except NodeFailures as exc:
+        attempt_settle(attempt_id, RayJobState(RAY_FAILED, str(exc)), reason="node_failures")
+        return False
+    if state.status == RAY_RUNNING and job.state == JobState.LAUNCHING:
+        JobAttempt.objects.filter(pk=attempt_id).update(state=AttemptState.RUNNING, running_at=now)
+        move_job(job.pk, JobState.RUNNING, data={"attempt": attempt.number})
+        attempt.running_at = now
+    return not _deadline_kept(attempt_id, attempt, job, now)
+
+
+def _save_log_now_and_then(attempt: JobAttempt, launcher, handle: dict[str, Any], now) -> None:
+    """Copy the driver log to the attempt every MANTA_LOG_SAVE_SECONDS, so that logs/ has it
+    whatever becomes of the cluster."""
+    saved = attempt.log_saved_at
+    if saved is not None and (now - saved).total_seconds() < settings.MANTA_LOG_SAVE_SECONDS:
+        return
+    with contextlib.suppress(LaunchError):  # Ray is not answering: the next step tries again
+        _save_log(attempt.pk, launcher.logs(handle))
+
+
+def _save_log(attempt_id, text: str) -> None:
+    """Store the log's tail (at most LOG_ARCHIVE_LIMIT characters), never a shorter log than
+    the one stored: what a follower has read stays readable."""
+    kept = text[-LOG_ARCHIVE_LIMIT:]
+    start = len(text) - len(kept)
+    JobAttempt.objects.filter(pk=attempt_id).alias(
+        stored_end=F("log_start") + Length("log_archive")
+    ).filter(stored_end__lte=len(text)).update(
+        log_archive=kept, log_start=start, log_saved_at=timezone.now()
+    )
+
+
+def _heal(attempt: JobAttempt, launcher, handle: dict[str, Any]) -> None:
+    """Start the cluster's dead worker nodes again, store the new handle, and say so on the
+    job's timeline (``node_restarted``) and as a ``job.node_restarted`` event."""
+    restarted = launcher.heal(handle, max_restarts=settings.MANTA_NODE_RESTARTS)
+    if not restarted:
+        return
+    # The new handle first, on its own: whatever fails after, no step restarts the node again.
+    JobAttempt.objects.filter(pk=attempt.pk).update(handle_encrypted=secrets.encrypt_json(handle))
+    with transaction.atomic():
+        job = Job.objects.select_for_update().select_related("workspace", "organization")
+        job = job.get(pk=attempt.job_id)
+        for node in restarted:
+            record_event(
+                job,
+                from_state=job.state,
+                kind="node_restarted",
+                actor=SYSTEM,
+                reason=f"Ray worker node {node['name']} ({node.get('group')}) died and was "
+                f"started again ({node['restarts']} of {settings.MANTA_NODE_RESTARTS})",
+                data={
+                    "attempt": attempt.number,
+                    "node": node["name"],
+                    "group": node.get("group"),
+                    "restarts": node["restarts"],
+                },
+                audit_action="job.node_restarted",
+                changes={"restarts": [node["restarts"] - 1, node["restarts"]]},
+            )
+
+
+def _deadline_kept(attempt_id: str, attempt: JobAttempt, job: Job, now) -> bool:
+    """Stop the attempt if it ran past max_runtime_seconds, by Manta's clock whatever Ray
+    answers (or fails to). True when it was stopped."""
+    deadline_from = attempt.running_at or attempt.submitted_at or attempt.created_at
+    limit = job.spec.get("max_runtime_seconds") or 0
+    if limit and (now - deadline_from).total_seconds() > limit:
+        message = f"stopped after exceeding max_runtime_seconds={limit}"
+        attempt_settle(attempt_id, RayJobState(RAY_STOPPED, message), reason="deadline_exceeded")
+        return True
+    return False
+
+
+# --- the end of an attempt ---------------------------------------------------------------------
+
+
+RETRYABLE = frozenset(
+    {
+        "entrypoint_failed",
+        "launch_failed",
+        "cluster_lost",
+        "node_failures",
+        "stopped",
+        "code_unavailable",
+    }
+)
+
+
+def attempt_settle(attempt_id: str, state: RayJobState, *, reason: str = "") -> None:
+    """Archive the logs, tear the cluster down, and settle the job: succeeded, or failed (or
+    retried on a fresh cluster while ``max_retries`` allows). Safe to call again."""
+    attempt = load(attempt_id)
+    if attempt.state not in ATTEMPT_ACTIVE:
+        return
+    # The attempt's run ends now; tearing the cluster down is a phase of its own.
+    JobAttempt.objects.filter(pk=attempt_id, finished_at__isnull=True).update(
+        finished_at=timezone.now()
+    )
+    attempt_teardown(attempt)
+    job = attempt.job
+    if state.status == RAY_SUCCEEDED and not reason:
+        attempt_state, job_state, failure = AttemptState.SUCCEEDED, JobState.SUCCEEDED, ""
+    else:
+        failure = reason or ("stopped" if state.status == RAY_STOPPED else "entrypoint_failed")
+        attempt_state = AttemptState.FAILED
+        # Runs that failed, this one included (a preempted run is not the job's fault).
+        failures = 1 + JobAttempt.objects.filter(job=job, state=AttemptState.FAILED).count()
+        retries_left = failures <= job.spec.get("max_retries", 0)
+        job_state = JobState.QUEUED if retries_left and failure in RETRYABLE else JobState.FAILED
+    with transaction.atomic():
+        updated = JobAttempt.objects.filter(pk=attempt_id, state__in=ATTEMPT_ACTIVE).update(
+            state=attempt_state,
+            failure_reason=failure,
+            ray_status=state.status,
+            ray_message=state.message[:4000],
+            exit_code=state.exit_code,
+        )
+        if not updated:
+            return
+        message = state.message[:4000]
+        data = {"attempt": attempt.number, "exit_code": state.exit_code, "message": message}
+
+        def record(locked: Job) -> None:
+            locked.failure_reason = "" if job_state == JobState.SUCCEEDED else failure
+            locked.message = message
+
+        if job_state == JobState.QUEUED:
+            data["retry"] = f"{failures + 1} of {job.spec.get('max_retries', 0) + 1}"
+            move_job(job.pk, JobState.QUEUED, kind="retry", reason=failure, data=data)
+        else:
+            move_job(job.pk, job_state, reason=failure, data=data, mutate=record)
+
+
+def attempt_teardown(attempt: JobAttempt) -> None:
+    """Archive the driver log and stop everything the attempt started. Idempotent."""
+    handle = handle_of(attempt)
+    if handle is None:
+        # A launch killed before it stored the handle may have left a cluster behind.
+        with contextlib.suppress(LaunchError):
+            stop_orphans(attempt, resolve_target(attempt.job))
+        JobAttempt.objects.filter(pk=attempt.pk).update(torn_down_at=timezone.now())
+        return
+    target = resolve_target(attempt.job)
+    launcher = launcher_for(target.kind, target.config)
+    try:
+        log = launcher.logs(handle)
+    except LaunchError:
+        log = None
+    launcher.stop(handle)  # stops the Ray job; for local, the whole cluster
+    stop_orphans(attempt, target)
+    if log is not None:
+        _save_log(attempt.pk, log)
+    # From now on logs/ reads the archive: it is written.
+    JobAttempt.objects.filter(pk=attempt.pk).update(torn_down_at=timezone.now())
+
+
+def job_cancelled(job_id: int) -> None:
+    """After a cancel commits: end the active attempt (stop the Ray job, tear the cluster down)."""
+    for attempt in JobAttempt.objects.filter(job_id=job_id, state__in=ATTEMPT_ACTIVE):
+        from . import tasks
+
+        tasks.cancel_attempt.delay(str(attempt.pk))
+
+
+def attempt_cancel(attempt_id: str) -> None:
+    attempt = load(attempt_id)
+    if attempt.state not in ATTEMPT_ACTIVE:
+        return
+    # Wait for a launch in progress to store its handle, so nothing it started is missed.
+    with leased(attempt_id) as held:
+        if not held:
+            from . import tasks
+
+            tasks.cancel_attempt.apply_async((attempt_id,), countdown=2)
+            return
+        JobAttempt.objects.filter(pk=attempt_id, finished_at__isnull=True).update(
+            finished_at=timezone.now()
+        )
+        attempt_teardown(load(attempt_id))
+        JobAttempt.objects.filter(pk=attempt_id, state__in=ATTEMPT_ACTIVE).update(
+            state=AttemptState.CANCELLED, failure_reason="cancelled"
+        )
+
+
+def attempt_evict(attempt_id: str) -> None:
+    """Tear down the cluster of a preempted attempt. A launch still in progress holds the
+    lease: wait for it (it stops a cluster it finds its attempt no longer wants)."""
+    attempt = load(attempt_id)
+    if attempt.state != AttemptState.PREEMPTED or attempt.torn_down_at is not None:
+        return
+    with leased(attempt_id, states=(AttemptState.PREEMPTED,)) as held:
+        if not held:
+            from . import tasks
+
+            tasks.evict_attempt.apply_async((attempt_id,), countdown=2)
+            return
+        attempt_teardown(load(attempt_id))
