@@ -1,6 +1,8 @@
 """Idempotency-Key on the POSTs that create: a retry gets the first response back and nothing
 is created twice; a reused key with another body is a 409; a failed create frees its key."""
 
+import pytest
+
 from audit.models import AuditEvent
 from notifications.models import WebhookEndpoint
 from workspaces.models import IdempotencyRecord, Workspace
@@ -55,6 +57,15 @@ def test_keys_belong_to_one_user_and_are_bounded(world):
     assert other.status_code == 201 and "Idempotent-Replayed" not in other
     long = post(world.client("owner"), WORKSPACES, {"slug": "x"}, "k" * 256)
     assert long.status_code == 400 and "Idempotency-Key" in long.json()["errors"]
+
+
+@pytest.mark.parametrize("key", ["a\x00b", "line\nbreak", "caf\u00e9", "\ud800"])
+def test_a_key_that_is_not_printable_ascii_is_refused_and_changes_nothing(world, key):
+    response = post(world.client("owner"), WORKSPACES, {"slug": "hostile", "name": "H"}, key)
+    assert response.status_code == 400, response.content
+    assert response.json()["errors"]["Idempotency-Key"] == ["1 to 255 printable ASCII characters"]
+    assert not Workspace.objects.filter(slug="hostile").exists()
+    assert not IdempotencyRecord.objects.exists()
 
 
 def test_a_webhook_retry_gets_the_same_secret_and_one_endpoint(world, settings):

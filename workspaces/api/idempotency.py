@@ -15,6 +15,7 @@ import datetime as dt
 import functools
 import hashlib
 import json
+import re
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -30,6 +31,10 @@ from ..models import IdempotencyRecord
 
 IDEMPOTENCY_TTL = dt.timedelta(hours=24)
 HEADER = "Idempotency-Key"
+# What a client may send as a key: what fits the column, and nothing the database or a log line
+# would choke on (a NUL, a line break, a lone surrogate).
+KEY = re.compile(r"[\x20-\x7e]{1,255}")
+KEY_RULE = "1 to 255 printable ASCII characters"
 REPLAYED = "Idempotent-Replayed"
 
 IDEMPOTENCY_KEY = OpenApiParameter(
@@ -60,8 +65,8 @@ def idempotent(create=None, *, replay_status: int | None = None):
         key = request.headers.get(HEADER)
         if not key:
             return create(self, request, *args, **kwargs)
-        if len(key) > 255:
-            raise exceptions.ValidationError({HEADER: ["at most 255 characters"]})
+        if not KEY.fullmatch(key):
+            raise exceptions.ValidationError({HEADER: [KEY_RULE]})
         fingerprint = _fingerprint(request.data)
         scope = {"user": request.user, "key": key, "path": request.path[:500]}
         with transaction.atomic():
