@@ -19,10 +19,8 @@ import secrets
 
 import factory
 from django.conf import settings
-from django.contrib.auth.models import Group
 from django.utils import timezone
 from factory.django import DjangoModelFactory
-from guardian.shortcuts import assign_perm
 
 from audit import services as audit
 from audit.chain import canonical_json
@@ -52,7 +50,8 @@ from outbox.models import DomainEvent
 from packages.models import CodePackage, CodeSource
 from quotas.models import AdmissionRequests, BudgetAlert, OrgQuota, Reservation, WorkspaceQuota
 from workspaces import invitations
-from workspaces.identity import TOKEN_PREFIX, token_hash
+from workspaces import services as ws_services
+from workspaces.identity import TOKEN_PREFIX, sync_staff, token_hash
 from workspaces.models import (
     ApiToken,
     ComputeTarget,
@@ -68,7 +67,6 @@ from workspaces.models import (
     WorkspaceRole,
     WorkspaceRoleGroup,
 )
-from workspaces.roles import CODENAMES, WORKSPACE_ROLE_PERMISSIONS
 from workspaces.services import DEFAULT_IMAGE_PREFIXES
 
 PASSWORD = "correct-horse-battery-staple"
@@ -172,9 +170,8 @@ class OrgMembershipFactory(DjangoModelFactory):
     @factory.post_generation
     def staff(membership, create, extracted, **kwargs):
         """Staff (the admin panel) follows "administers some org", as the services keep it."""
-        if create and membership.is_admin and not membership.user.is_staff:
-            membership.user.is_staff = True
-            membership.user.save(update_fields=["is_staff"])
+        if create:
+            sync_staff(membership.user)
 
 
 class InvitationFactory(KeepsSecret, DjangoModelFactory):
@@ -196,34 +193,19 @@ class InvitationFactory(KeepsSecret, DjangoModelFactory):
     )
 
 
-class GroupFactory(DjangoModelFactory):
-    class Meta:
-        model = Group
-
-    name = factory.Sequence(lambda n: f"group-{n}")
-
-
 class WorkspaceRoleGroupFactory(DjangoModelFactory):
-    """One role's guardian group on a workspace, holding that role's permissions."""
+    """One role's guardian group on a workspace, holding that role's permissions (made by the
+    service that makes them for a new workspace)."""
 
     class Meta:
         model = WorkspaceRoleGroup
-        skip_postgeneration_save = True
 
     workspace = factory.SubFactory("tests.factories.WorkspaceFactory", role_groups=False)
     role = WorkspaceRole.VIEWER
-    group = factory.SubFactory(
-        GroupFactory,
-        name=factory.LazyAttribute(lambda g: f"ws-{g.factory_parent.workspace.pk}-"
-                                             f"{g.factory_parent.role}"),
-    )  # fmt: skip
 
-    @factory.post_generation
-    def permissions(role_group, create, extracted, **kwargs):
-        if create:
-            for permission in WORKSPACE_ROLE_PERMISSIONS[role_group.role]:
-                codename = f"workspaces.{CODENAMES[permission]}"
-                assign_perm(codename, role_group.group, role_group.workspace)
+    @classmethod
+    def _create(cls, model_class, workspace, role):
+        return ws_services.role_group_create(workspace, role)
 
 
 class WorkspaceFactory(DjangoModelFactory):
@@ -240,8 +222,7 @@ class WorkspaceFactory(DjangoModelFactory):
     @factory.post_generation
     def role_groups(workspace, create, extracted, **kwargs):
         if create and extracted is not False:
-            for role in WORKSPACE_ROLE_PERMISSIONS:
-                WorkspaceRoleGroupFactory(workspace=workspace, role=role)
+            ws_services.role_groups_create(workspace)
 
 
 class WorkspaceMembershipFactory(DjangoModelFactory):
@@ -266,8 +247,7 @@ class WorkspaceMembershipFactory(DjangoModelFactory):
             user=membership.user,
             defaults={"role": OrgRole.MEMBER},
         )
-        group = WorkspaceRoleGroup.objects.get(workspace=workspace, role=membership.role).group
-        membership.user.groups.add(group)
+        ws_services.role_group_join(membership)
 
 
 class ApiTokenFactory(KeepsSecret, DjangoModelFactory):

@@ -141,12 +141,18 @@ def _is_owner(actor: Actor, organization: Organization) -> bool:
 # --- workspaces --------------------------------------------------------------------------------
 
 
-def _role_groups_create(workspace: Workspace) -> None:
-    for role, permissions in WORKSPACE_ROLE_PERMISSIONS.items():
-        group = Group.objects.create(name=f"ws-{workspace.pk}-{role}")
-        WorkspaceRoleGroup.objects.create(workspace=workspace, role=role, group=group)
-        for permission in permissions:
-            assign_perm(f"workspaces.{CODENAMES[permission]}", group, workspace)
+def role_group_create(workspace: Workspace, role: str) -> WorkspaceRoleGroup:
+    """The guardian group of one role on ``workspace``, holding that role's permissions there."""
+    group = Group.objects.create(name=f"ws-{workspace.pk}-{role}")
+    role_group = WorkspaceRoleGroup.objects.create(workspace=workspace, role=role, group=group)
+    for permission in WORKSPACE_ROLE_PERMISSIONS[role]:
+        assign_perm(f"workspaces.{CODENAMES[permission]}", group, workspace)
+    return role_group
+
+
+def role_groups_create(workspace: Workspace) -> None:
+    for role in WORKSPACE_ROLE_PERMISSIONS:
+        role_group_create(workspace, role)
 
 
 @transaction.atomic
@@ -167,7 +173,7 @@ def workspace_create(
             workspace.save()
     except IntegrityError as exc:  # a concurrent create won the slug
         raise Conflict(f"workspace {slug!r} already exists", errors={"slug": ["taken"]}) from exc
-    _role_groups_create(workspace)
+    role_groups_create(workspace)
     audit.record(
         actor=actor,
         action="workspace.create",
@@ -259,7 +265,8 @@ def _role_group(workspace: Workspace, role: str) -> Group:
     )
 
 
-def _set_group(membership: WorkspaceMembership, old_role: str | None) -> None:
+def role_group_join(membership: WorkspaceMembership, old_role: str | None = None) -> None:
+    """Move the member from ``old_role``'s group to their role's: what permission checks read."""
     if old_role:
         membership.user.groups.remove(_role_group(membership.workspace, old_role))
     if membership.role:
@@ -283,7 +290,7 @@ def member_add(*, actor: Actor, workspace: Workspace, email: str, role: str) -> 
             errors={"email": ["already a member; change the role with PATCH"]},
         )
     membership = WorkspaceMembership.objects.create(workspace=workspace, user=user, role=role)
-    _set_group(membership, None)
+    role_group_join(membership, None)
     audit.record(
         actor=actor,
         action="member.add",
@@ -317,7 +324,7 @@ def member_update(
     if old != role:
         membership.role = role
         membership.save(update_fields=["role"])
-        _set_group(membership, old)
+        role_group_join(membership, old)
         audit.record(
             actor=actor,
             action="member.update",
