@@ -106,21 +106,18 @@ def drift_over_limits() -> dict[str, int]:
     """How many organisations and workspaces hold more than their capacity, limit or
     max-running cap allows (0 everywhere when admission kept its invariants)."""
     drift = {"over_capacity": 0, "over_limit": 0, "over_running": 0}
+    orgs = {q.organization_id: q for q in OrgQuota.objects.all()}
+    workspaces = {q.workspace_id: q for q in WorkspaceQuota.objects.all()}
     scopes = (
-        (
-            "organization_id",
-            {q.organization_id: q for q in OrgQuota.objects.all()},
-            "over_capacity",
-        ),
-        ("workspace_id", {q.workspace_id: q for q in WorkspaceQuota.objects.all()}, "over_limit"),
+        ("organization_id", orgs, OrgQuota.capacity, "over_capacity"),
+        ("workspace_id", workspaces, WorkspaceQuota.limit, "over_limit"),
     )
-    for scope, quotas, over in scopes:
+    for scope, quotas, ceilings_of, over in scopes:
         for row in active_reservations().values(scope).annotate(**TOTALS):
             quota = quotas.get(row[scope])
             if quota is None:
                 continue
-            ceilings = quota.capacity() if over == "over_capacity" else quota.limit()
-            for name, ceiling in ceilings.items():
+            for name, ceiling in ceilings_of(quota).items():
                 drift[over] += int(ceiling is not None and row[name] > ceiling + EPSILON)
             cap = quota.max_running_jobs
             drift["over_running"] += int(cap is not None and row["jobs"] > cap)
