@@ -29,7 +29,7 @@ from config.errors import Conflict, DomainError, InvalidInput
 from quotas import selectors as quota_selectors
 from quotas import services as quota_services
 from quotas.ledger import Held, Ledger, budget_overrun, month_start, victims_for
-from quotas.models import RESOURCES, AdmissionRequests, OrgQuota, QueuePolicy, WorkspaceQuota
+from quotas.models import RESOURCES, AdmissionRequests, QueuePolicy
 
 from .accounting import gpu_hours
 from .attempts import attempts_create, attempts_preempt
@@ -324,13 +324,13 @@ def check_submission(
     capacity, or the capacity of the host it launches on), one the workspace's queue has no
     room for, or one over the GPU budget when the workspace refuses those (otherwise it waits
     for next month)."""
-    org_q = OrgQuota.objects.filter(organization_id=workspace.organization_id).first()
-    ws_q = WorkspaceQuota.objects.filter(workspace=workspace).first()
+    org_q = quota_selectors.org_quota(workspace.organization)  # unlimited when unset
+    ws_q = quota_selectors.workspace_quota(workspace)
     for name in RESOURCES:
         need = requested[name]
         ceilings = (
-            (getattr(ws_q, f"limit_{name}") if ws_q else None, "the workspace limit is"),
-            (getattr(org_q, name) if org_q else None, "the organisation's capacity is"),
+            (ws_q.limit()[name], "the workspace limit is"),
+            (org_q.capacity()[name], "the organisation's capacity is"),
             ((host_capacity or {}).get(name), "the host its workspace launches on has"),
         )
         for ceiling, what in ceilings:
@@ -339,12 +339,12 @@ def check_submission(
                     f"requested.{name}",
                     f"this job needs {need:g} {name}; {what} {ceiling:g}, so it could never run",
                 )
-    if ws_q and ws_q.gpu_hours_per_month is not None and requested["gpu"]:
+    if ws_q.gpu_hours_per_month is not None and requested["gpu"]:
         used = gpu_hours(workspace, month_start(timezone.now()))
         over = budget_overrun(ws_q, used, requested["gpu"], spec["max_runtime_seconds"])
         if over and ws_q.budget_action == "refuse":
             raise BudgetExhausted(over, errors={"requested.gpu": [over]})
-    if ws_q and ws_q.max_queued_jobs is not None:
+    if ws_q.max_queued_jobs is not None:
         waiting = Job.objects.filter(
             workspace=workspace, state__in=[JobState.PENDING_APPROVAL, JobState.QUEUED]
         ).count()
