@@ -8,10 +8,13 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock requirements-dev.lock 
 
 .PHONY: install system-deps test demo lint format lock bench migrate serve worker clean
 
-# Debian packages the local target's sandbox uses (util-linux's unshare/nsenter/setpriv are on
-# every Debian; slirp4netns gives sandboxes outbound NAT). Installed when run as root with apt;
-# elsewhere the worker says at start-up what it lacks.
-SYSTEM_TOOLS := slirp4netns
+# Debian packages the local target's sandbox uses, as command:package (util-linux's
+# unshare/nsenter/setpriv/mount are on every Debian): slirp4netns gives sandboxes outbound NAT,
+# nft loads each cluster's egress policy, mkfs.ext4 makes each cluster's disk, and libseccomp
+# compiles its seccomp filter. Installed when run as root with apt; elsewhere the worker says at
+# start-up what it lacks.
+SYSTEM_TOOLS := slirp4netns:slirp4netns nft:nftables mkfs.ext4:e2fsprogs
+SYSTEM_LIBS := libseccomp.so.2:libseccomp2
 
 # The stamp's name holds the hash of what it installed: a fresh checkout (new mtimes) with the
 # same files reuses the installed .venv. The dev venv gets requirements-dev.lock (the runtime set
@@ -27,7 +30,9 @@ $(STAMP): | requirements.lock requirements-dev.lock cli/pyproject.toml
 install: $(STAMP)
 
 system-deps:
-	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	@missing=""; \
+	for pair in $(SYSTEM_TOOLS); do PATH="$$PATH:/usr/sbin:/sbin" command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair#*:}"; done; \
+	for pair in $(SYSTEM_LIBS); do /sbin/ldconfig -p | grep -q "$${pair%%:*}" || missing="$$missing $${pair#*:}"; done; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing$$missing"; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null || \

@@ -4,6 +4,7 @@
 Documented in the README ("Configuration").
 """
 
+import ipaddress
 import re
 from pathlib import Path
 
@@ -139,6 +140,29 @@ STORAGES = {
 MANTA_PACKAGE_MAX_BYTES = env.int("MANTA_PACKAGE_MAX_BYTES", default=100 * 1024**2)
 MANTA_PACKAGE_MAX_UNPACKED_BYTES = env.int("MANTA_PACKAGE_MAX_UNPACKED_BYTES", default=1024**3)
 MANTA_PACKAGE_RETENTION_DAYS = env.int("MANTA_PACKAGE_RETENTION_DAYS", default=30)
+
+
+# What one workspace's packages may add up to (GiB) and how many it may hold: without a bound a
+# tenant could fill the shared package storage at upload speed. Checked at start, like the
+# MANTA_LOCAL_* settings, so a typo cannot turn the bound off.
+def _package_limit(name: str, default: float, *, low: float, high: float, kind=float):
+    try:
+        value = (env.int if kind is int else env.float)(name, default=default)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"{name}: must be a {'whole ' if kind is int else ''}number"
+        ) from None
+    if not low <= value <= high:
+        raise ImproperlyConfigured(f"{name}: must be between {low:g} and {high:g}, not {value:g}")
+    return value
+
+
+MANTA_PACKAGE_STORAGE_GB = _package_limit(
+    "MANTA_PACKAGE_STORAGE_GB", 5.0, low=0.001, high=1_000_000
+)
+MANTA_PACKAGE_STORAGE_COUNT = _package_limit(
+    "MANTA_PACKAGE_STORAGE_COUNT", 500, low=1, high=10_000_000, kind=int
+)
 # Clusters that download code themselves (kuberay) get a URL valid this long: presigned by object
 # storage, or served by the API at MANTA_PUBLIC_URL (the address clusters reach it at).
 MANTA_PACKAGE_URL_SECONDS = env.int("MANTA_PACKAGE_URL_SECONDS", default=3600)
@@ -243,6 +267,8 @@ REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {
     "tokens": _throttle_rate("MANTA_THROTTLE_TOKENS", "30/h"),
     "submit_user": _throttle_rate("MANTA_THROTTLE_SUBMIT_USER", "500/30m"),  # Anyscale's limit
     "submit_workspace": _throttle_rate("MANTA_THROTTLE_SUBMIT_WORKSPACE", "2000/30m"),
+    # Each upload is up to MANTA_PACKAGE_MAX_BYTES hashed, checked and stored.
+    "package_upload": _throttle_rate("MANTA_THROTTLE_PACKAGE_UPLOAD", "60/h"),
 }
 # A client is its REMOTE_ADDR. Behind N reverse proxies that each append to X-Forwarded-For, set
 # N; with 0 the header, which any client can write, is ignored (DRF's default, None, trusts it).
@@ -321,6 +347,23 @@ if not 1000 <= _low <= _high < 2**31 - 1:
     _refuse("MANTA_LOCAL_UID_RANGE", "must lie within 1000..2147483646, low <= high")
 MANTA_LOCAL_UID_RANGE = (_low, _high)
 MANTA_LOCAL_EGRESS = env.bool("MANTA_LOCAL_EGRESS", default=True)  # pip etc. via slirp4netns
+# What an org admin may allow-list for its local target's egress (egress_allow); loopback,
+# link-local and metadata addresses never. Narrow it where the host's own services listen on
+# private addresses.
+MANTA_LOCAL_EGRESS_ALLOWABLE = env.list(
+    "MANTA_LOCAL_EGRESS_ALLOWABLE",
+    default=["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"],
+)
+try:
+    MANTA_LOCAL_EGRESS_ALLOWABLE = [
+        str(ipaddress.ip_network(n, strict=False)) for n in MANTA_LOCAL_EGRESS_ALLOWABLE
+    ]
+except ValueError as _exc:
+    _refuse("MANTA_LOCAL_EGRESS_ALLOWABLE", f"must list CIDR networks ({_exc})")
+# The uids and GPUs leased to live clusters: one pool per host, whatever a target's work_dir.
+MANTA_LOCAL_LEASE_DIR = env.str("MANTA_LOCAL_LEASE_DIR", default="/var/lib/manta/sandbox-leases")
+if not MANTA_LOCAL_LEASE_DIR.startswith("/"):
+    _refuse("MANTA_LOCAL_LEASE_DIR", "must be an absolute path")
 # GPU inventory: "auto" (nvidia-smi), "" (none: GPUs are logical only), "4" or "0,1,2,3";
 # held as "auto" or the device indices.
 _gpus = env.str("MANTA_LOCAL_GPUS", default="auto").strip()

@@ -55,11 +55,10 @@ def local_defaults(config: dict[str, Any]) -> dict[str, Any]:
     alone, whatever a tenant's target config holds."""
     from .local_host import sandbox_settings
 
-    return {
-        "work_dir": settings.MANTA_LOCAL_RAY_DIR,
-        **config,
-        "sandbox": sandbox_settings().to_config(),
-    }
+    # The one isolation setting an org admin has: the networks its jobs may reach beyond the
+    # public internet, checked against the operator's bounds when the target was saved.
+    sandbox = {**sandbox_settings().to_config(), "egress_allow": config.get("egress_allow", [])}
+    return {"work_dir": settings.MANTA_LOCAL_RAY_DIR, **config, "sandbox": sandbox}
 
 
 def cluster_name_for(job: Job, number: int) -> str:

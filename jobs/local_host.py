@@ -48,6 +48,7 @@ def sandbox_settings() -> SandboxSettings:
         pids_per_node=settings.MANTA_LOCAL_PIDS_PER_NODE,
         node_memory_overhead_bytes=int(settings.MANTA_LOCAL_NODE_OVERHEAD_GB * GIB),
         default_node_memory_bytes=int(settings.MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB * GIB),
+        lease_dir=settings.MANTA_LOCAL_LEASE_DIR,
     )
 
 

@@ -1,8 +1,11 @@
+import ipaddress
+
 from django.conf import settings
 from django.core.validators import RegexValidator
 from drf_spectacular.utils import OpenApiExample, extend_schema_serializer
 from rest_framework import serializers
 
+from config import egress as egress_policy
 from config import ssrf
 from config.strict import StrictSerializer, unknown_errors
 from workspaces import kubeconfig
@@ -240,6 +243,24 @@ class LocalTargetConfig(StrictSerializer):
     object_store_memory_bytes = serializers.IntegerField(
         min_value=78643200, max_value=1 << 40, required=False
     )
+    egress_allow = serializers.ListField(
+        child=serializers.CharField(max_length=64),
+        max_length=64,
+        required=False,
+        help_text="Networks (CIDR) this target's jobs may reach beyond the public internet, "
+        "e.g. a package mirror; within MANTA_LOCAL_EGRESS_ALLOWABLE",
+    )
+
+    def validate_egress_allow(self, value: list[str]) -> list[str]:
+        allowable = [ipaddress.ip_network(n) for n in settings.MANTA_LOCAL_EGRESS_ALLOWABLE]
+        try:
+            networks = egress_policy.parse_networks(value, field="egress_allow")
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+        problems = [p for n in networks if (p := egress_policy.allow_problem(n, allowable))]
+        if problems:
+            raise serializers.ValidationError(problems)
+        return [str(n) for n in networks]
 
 
 class RayTargetConfig(StrictSerializer):

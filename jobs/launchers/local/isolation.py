@@ -13,12 +13,16 @@ from typing import Any
 from ..base import LaunchError
 from .cgroups import detect_layout
 
-NAMESPACES = ("pid", "mount", "ipc", "uts", "net")
+NAMESPACES = ("pid", "mount", "ipc", "uts", "net")  # made by unshare for the init
+# Nodes enter the init's cgroup namespace too (it makes that one itself, once in its cgroups).
+ENTERED_NAMESPACES = (*NAMESPACES, "cgroup")
 MIB = 1024**2
 GIB = 1024**3
 
 NETWORK_NAT = "loopback + outbound NAT (slirp4netns, no host loopback)"
 NETWORK_LOOPBACK = "loopback only (no egress)"
+
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 MODE_SANDBOX = "sandbox"
 MODE_OFF = "off"
@@ -37,13 +41,16 @@ class SandboxSettings:
     node_memory_overhead_bytes: int = GIB  # Ray's own processes, per node, above its spec
     default_node_memory_bytes: int = 2 * GIB  # for a node whose spec names no memory
     cgroup_root: str = "/sys/fs/cgroup"
+    lease_dir: str = "/var/lib/manta/sandbox-leases"  # one pool of uids and GPUs per host
+    egress_allow: tuple[str, ...] = ()  # networks an org admin opened for its target
+    default_node_disk_bytes: int = 10 * GIB  # the cluster's disk when its limits name none
 
     @classmethod
     def from_config(cls, config: dict[str, Any] | None) -> SandboxSettings:
         raw = dict(config or {})
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in raw.items() if k in fields}
-        for name in ("uid_range", "hide", "gpus"):
+        for name in ("uid_range", "hide", "gpus", "egress_allow"):
             if name in values:
                 values[name] = tuple(values[name])
         return cls(**values)
@@ -57,9 +64,26 @@ def host_support(settings: SandboxSettings) -> list[str]:
     problems = []
     if os.geteuid() != 0:
         problems.append("the worker does not run as root (needed for namespaces and cgroups)")
-    for tool in ("unshare", "nsenter", "setpriv"):
-        if shutil.which(tool) is None:
-            problems.append(f"{tool} (util-linux) is not installed")
+    for tool, package in (
+        ("unshare", "util-linux"),
+        ("nsenter", "util-linux"),
+        ("setpriv", "util-linux"),
+        ("mount", "mount"),
+        ("mkfs.ext4", "e2fsprogs"),
+    ):
+        if shutil.which(tool, path=SYSTEM_PATH) is None:
+            problems.append(f"{tool} ({package}) is not installed")
+    if not os.path.exists("/dev/loop-control"):
+        problems.append("no loop devices (/dev/loop-control): each cluster's disk is one")
+    if settings.egress and shutil.which("nft", path=SYSTEM_PATH) is None:
+        problems.append(
+            "nft (nftables) is not installed: egress needs it for its policy "
+            "(or set MANTA_LOCAL_EGRESS=false)"
+        )
+    from .seccomp import available as seccomp_problem
+
+    if problem := seccomp_problem():
+        problems.append(problem)
     if not problems:
         probe = subprocess.run(
             ["unshare", "--pid", "--fork", "--mount", "--ipc", "--uts", "--net", "true"],

@@ -22,6 +22,7 @@ import requests
 
 from .. import ray_jobs
 from ..base import RAY_FAILED, RAY_TERMINAL, LaunchError, LaunchRequest, RayJobState
+from . import disk
 from .handles import KIND, discover_handles, sandbox_of
 from .isolation import (
     MODE_OFF,
@@ -199,14 +200,20 @@ class LocalRayLauncher:
             if not sandbox.init_alive():
                 raise LaunchError(f"the sandbox of cluster {handle.get('cluster_name')} is gone")
         try:
-            return self._with_client(
+            state = self._with_client(
                 handle, lambda c: ray_jobs.job_state(c, handle["submission_id"])
             )
         except LaunchError:
-            # A cluster the kernel is OOM-killing stops answering: say why, not just "lost".
+            # A cluster the kernel is OOM-killing stops answering: say why, not just "lost";
+            # so does one whose Ray died for want of disk.
             if sandbox is not None and sandbox.oom_killed():
                 return _oom_state(sandbox)
+            if sandbox is not None and sandbox.disk_full():
+                return _disk_full_state(sandbox)
             raise
+        if state.status == RAY_FAILED and sandbox is not None and sandbox.disk_full():
+            return _disk_full_state(sandbox)
+        return state
 
     def logs(self, handle: dict[str, Any], *, tail: int | None = None) -> str:
         """The driver log from Ray (its last ``tail`` lines when given). When the dashboard
@@ -379,4 +386,10 @@ def _oom_state(sandbox: Sandbox) -> RayJobState:
         f"the cluster exceeded its memory limit of {limit / GIB:.1f} GiB and the kernel "
         "killed a process in it",
         reason="oom_killed",
+    )
+
+
+def _disk_full_state(sandbox: Sandbox) -> RayJobState:
+    return RayJobState(
+        RAY_FAILED, disk.full_message(sandbox.state.get("disk") or {}), reason="disk_full"
     )

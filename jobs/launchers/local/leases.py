@@ -1,5 +1,10 @@
-"""The uids and physical GPUs of live local clusters: exclusive leases, as files under the work
-dir, that every worker process on the host sees, so no two live clusters share a uid or a GPU."""
+"""The uids and physical GPUs of live local clusters: exclusive leases, as files in one directory
+per host (``MANTA_LOCAL_LEASE_DIR``) that every worker process sees whatever work dir its target
+names, so no two live clusters share a uid or a GPU.
+
+A uid is given to a cluster only while it holds nothing in the kernel: no live process, no key
+(``/proc/key-users``; keyrings are per uid, not per namespace, and outlive a cluster), and no
+files (the cluster's disk is gone before its uid is released)."""
 
 from __future__ import annotations
 
@@ -18,8 +23,8 @@ class Leases:
     """Exclusive, cross-process leases (``uid-3000123``, ``gpu-2``) as files under
     ``<work_dir>/.sandbox``, taken under one flock so a multi-GPU grant is all or nothing."""
 
-    def __init__(self, work_dir: str):
-        self.dir = os.path.join(work_dir, ".sandbox")
+    def __init__(self, directory: str):
+        self.dir = directory
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
 
     @contextlib.contextmanager
@@ -58,11 +63,34 @@ def take_uid(leases: Leases, settings: SandboxSettings, owner: str) -> int:
     low, high = settings.uid_range
     for _ in range(1000):
         uid = random.randint(low, high)
-        if uid == os.getuid() or _uid_exists(uid):
+        if uid == os.getuid() or _uid_exists(uid) or uid in uids_holding_keys():
             continue
         if leases.take("uid", str(uid), owner):
             return uid
     raise LaunchError(f"no free sandbox uid in {low}-{high}")
+
+
+def release_uid(leases: Leases, uid: int, owner: str) -> None:
+    """Give the uid back to the pool, unless the kernel still holds keys for it (then it stays
+    leased: no later cluster may read them)."""
+    if uid in uids_holding_keys():
+        return
+    leases.release("uid", str(uid), owner)
+
+
+def uids_holding_keys() -> set[int]:
+    """The uids that own kernel keys now (``/proc/key-users``: ``uid: usage nkeys/nikeys …``)."""
+    found = set()
+    try:
+        with open("/proc/key-users") as f:
+            for line in f:
+                uid, _, rest = line.partition(":")
+                fields = rest.split()
+                if len(fields) >= 2 and int(fields[1].split("/")[0]) > 0:
+                    found.add(int(uid))
+    except (OSError, ValueError):
+        pass
+    return found
 
 
 def _uid_exists(uid: int) -> bool:

@@ -38,8 +38,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..base import LaunchError
+from . import disk, egress, seccomp
 from .cgroups import Cgroups
 from .isolation import (
+    ENTERED_NAMESPACES,
     GIB,
     MODE_SANDBOX,
     NAMESPACES,
@@ -49,7 +51,7 @@ from .isolation import (
     egress_available,
     sandbox_limits,
 )
-from .leases import Leases, take_gpus, take_uid
+from .leases import Leases, release_uid, take_gpus, take_uid
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +60,10 @@ INIT_TIMEOUT = 20.0
 KILL_WAIT = 15.0
 DRAIN_WAIT = 5.0
 
-# Where hosts keep other users' files, sockets (PostgreSQL's, Docker's) and mounted secrets.
-ALWAYS_HIDDEN = ("/root", "/home", "/run", "/srv", "/mnt", "/media")
+# Where hosts keep other users' files, sockets (PostgreSQL's, Docker's) and mounted secrets;
+# and every cluster's cgroups (names, memory use).
+ALWAYS_HIDDEN = ("/root", "/home", "/run", "/srv", "/mnt", "/media", "/sys/fs/cgroup")
+SCRATCH_INODES = 65536  # per private tmpfs: its pages count against the cluster's memory
 
 
 class Sandbox:
@@ -89,9 +93,10 @@ class Sandbox:
         ``num_gpus``, ``memory_bytes``), start the init and, with egress, slirp4netns. The
         cluster's writable dir is ``<cluster_dir>/s``, owned by the sandbox uid."""
         owner = os.path.basename(cluster_dir)
-        leases = Leases(work_dir)
+        leases = Leases(settings.lease_dir)
         state: dict[str, Any] = {
             "work_dir": work_dir,
+            "lease_dir": settings.lease_dir,
             "owner": owner,
             "gpus": {},
             "gpu_inventory": list(settings.gpus),
@@ -104,11 +109,18 @@ class Sandbox:
                 state["gpus"][node["name"]] = take_gpus(
                     leases, settings.gpus, node["num_gpus"], owner
                 )
+            limits = sandbox_limits(settings, nodes, object_store_bytes)
             writable = os.path.join(cluster_dir, "s")
             os.mkdir(writable, 0o700)
-            os.chown(writable, uid, uid)
             state["writable_dir"] = writable
-            limits = sandbox_limits(settings, nodes, object_store_bytes)
+            # The cluster writes only here: a filesystem image of its own size and inode count.
+            state["disk"] = disk.create(
+                cluster_dir,
+                writable,
+                size_bytes=limits.get("disk_bytes") or settings.default_node_disk_bytes,
+                inodes=limits.get("inodes") or 0,
+                owner=uid,
+            )
             sandbox.cgroups = Cgroups.create(
                 settings.cgroup_root,
                 f"{owner}-{secrets.token_hex(3)}",
@@ -148,6 +160,10 @@ class Sandbox:
         ]
         config = {
             "cgroup_procs": self.cgroups.init_procs(),
+            "seccomp": seccomp.program().hex(),
+            "egress_rules": egress.nft_rules(settings.egress_allow, egress.host_addresses())
+            if egress_available(settings)
+            else "",
             "uid": state["uid"],
             "gid": state["gid"],
             "hostname": hostname[:63],
@@ -160,6 +176,7 @@ class Sandbox:
                 "/var/tmp": 4 * GIB,
                 "/dev/shm": state["limits"]["shm_bytes"],
             },
+            "scratch_inodes": SCRATCH_INODES,
             "expose_ro": sorted({sys.prefix, sys.base_prefix} - {"/"}),
             "expose_rw": [state["writable_dir"]],
             "bind_files": {resolv: "/etc/resolv.conf"} if egress_available(settings) else {},
@@ -221,11 +238,17 @@ class Sandbox:
                 self.state["network"] = NETWORK_LOOPBACK
                 return
             ready_r, ready_w = os.pipe()
+            # In the cluster's cgroups (its CPU and memory count against the cluster), in a
+            # mount namespace of its own with every capability but NET_BIND_SERVICE dropped,
+            # under its own seccomp filter.
             command = [
+                *self._enter(self.cgroups.init_procs(), filtered=False),
                 "slirp4netns",
                 "--configure",
                 "--mtu=65520",
                 "--disable-host-loopback",
+                "--enable-sandbox",
+                "--enable-seccomp",
                 f"--ready-fd={ready_w}",
                 f"--exit-fd={exit_r}",
                 str(self.state["init_pid"]),
@@ -252,6 +275,9 @@ class Sandbox:
             if not ready:
                 raise LaunchError("slirp4netns did not configure the sandbox's network")
             self.state["network"] = NETWORK_NAT
+            self.state["egress"] = "public internet only" + (
+                f", and {', '.join(settings.egress_allow)}" if settings.egress_allow else ""
+            )
         finally:
             os.close(exit_r)
 
@@ -267,20 +293,22 @@ class Sandbox:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.state["gpus"].get(node) or [])
         return env
 
+    def _enter(self, cgroup_procs: list[str], *, filtered: bool) -> list[str]:
+        """The host-side door: join the cgroups (and load the seccomp filter), then exec."""
+        config: dict[str, Any] = {"cgroup_procs": cgroup_procs}
+        if filtered:
+            config["seccomp"] = seccomp.program().hex()
+        return [sys.executable, "-I", "-S", INIT_SCRIPT, "enter", json.dumps(config), "--"]
+
     def node_command(self, node: str, argv: list[str], cwd: str) -> list[str]:
-        """``argv`` run as the sandbox uid inside its namespaces and the node's cgroups."""
+        """``argv`` run as the sandbox uid inside its namespaces and the node's cgroups, under
+        the sandbox's seccomp filter."""
         uid, gid = self.state["uid"], self.state["gid"]
         return [
-            sys.executable,
-            "-I",
-            "-S",
-            INIT_SCRIPT,
-            "enter",
-            json.dumps({"cgroup_procs": self.cgroups.node_procs(node)}),
-            "--",
+            *self._enter(self.cgroups.node_procs(node), filtered=True),
             "nsenter",
             f"--target={self.state['init_pid']}",
-            *(f"--{ns}" for ns in NAMESPACES),
+            *(f"--{ns}" for ns in ENTERED_NAMESPACES),
             "--",
             "setpriv",
             f"--reuid={uid}",
@@ -305,6 +333,9 @@ class Sandbox:
     def oom_killed(self) -> bool:
         return self.cgroups.oom_kills() > 0
 
+    def disk_full(self) -> bool:
+        return disk.full(self.state.get("disk") or {})
+
     def summary(self) -> dict[str, Any]:
         """What this sandbox enforces, for the attempt's detail."""
         s = self.state
@@ -312,13 +343,17 @@ class Sandbox:
             "mode": MODE_SANDBOX,
             "uid": s.get("uid"),
             "gid": s.get("gid"),
-            "namespaces": list(NAMESPACES),
+            "namespaces": list(ENTERED_NAMESPACES),
             "network": s.get("network", ""),
+            "egress": s.get("egress", ""),
             "cgroup": f"v{s.get('cgroups', {}).get('version', '?')}",
             "limits": s.get("limits", {}),
             "gpus": {k: v for k, v in s.get("gpus", {}).items() if v},
-            "filesystem": "system read-only; private /tmp, /var/tmp, /dev/shm; "
-            "writable: the cluster dir only",
+            "filesystem": "system read-only; private /tmp, /var/tmp, /dev/shm and devpts; "
+            "writable: the cluster's own disk only",
+            "disk": disk.describe(s.get("disk") or {}),
+            "seccomp": "deny: nested namespaces, mounts, keyrings, bpf, perf_event_open, "
+            "userfaultfd, io_uring, AIO, modules, clocks",
         }
 
     def destroy(self) -> None:
@@ -347,13 +382,20 @@ class Sandbox:
         if leftover:
             logger.warning("sandbox %s: processes survived SIGKILL: %s", s.get("owner"), leftover)
         self.cgroups.remove()
-        if s.get("work_dir") and s.get("owner"):
-            leases = Leases(s["work_dir"])
+        # Everything the uid could write lies on the cluster's disk (or in its namespaces'
+        # tmpfs, gone with them): once the disk is gone, the uid holds no files.
+        disk_gone = disk.destroy(s.get("disk") or {})
+        # A handle written before leases were per host keeps them under its work dir.
+        lease_dir = s.get("lease_dir") or (
+            s.get("work_dir") and os.path.join(s["work_dir"], ".sandbox")
+        )
+        if lease_dir and s.get("owner"):
+            leases = Leases(lease_dir)
             for gpus in s.get("gpus", {}).values():
                 for gpu in gpus:
                     leases.release("gpu", gpu, s["owner"])
-            if s.get("uid") is not None and not leftover:
-                leases.release("uid", str(s["uid"]), s["owner"])
+            if s.get("uid") is not None and not leftover and disk_gone:
+                release_uid(leases, s["uid"], s["owner"])
 
 
 def process_start_time(pid: int) -> int | None:

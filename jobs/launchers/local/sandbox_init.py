@@ -46,6 +46,9 @@ MS_PRIVATE = 1 << 18
 MS_RELATIME = 1 << 21
 MS_STRICTATIME = 1 << 24
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+CLONE_NEWCGROUP = 0x02000000
 
 _FLAG_NAMES = {
     "nosuid": MS_NOSUID,
@@ -140,9 +143,11 @@ def _build_filesystem(cfg: dict) -> None:
     for path in cfg.get("hide", []):
         if os.path.isdir(path):
             _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4m")
+    inodes = int(cfg.get("scratch_inodes") or 0)
     for path, size in cfg.get("scratch", {}).items():
         if os.path.isdir(path):
-            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={int(size)}")
+            data = f"mode=1777,size={int(size)}" + (f",nr_inodes={inodes}" if inodes else "")
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, data)
     for fd, path, writable in exposed:
         if os.path.isdir(f"/proc/self/fd/{fd}"):
             os.makedirs(path, exist_ok=True)
@@ -163,7 +168,48 @@ def _build_filesystem(cfg: dict) -> None:
         # This IPC namespace's own queues; without POSIX queues in the kernel, nothing to hide.
         with contextlib.suppress(OSError):
             _mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _private_devpts()
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def _private_devpts() -> None:
+    """A devpts of the sandbox's own (its ptys neither seen nor counted among the host's)."""
+    if not os.path.isdir("/dev/pts") or not os.path.exists("/dev/ptmx"):
+        return
+    data = "newinstance,ptmxmode=0666,mode=0620,max=256"
+    _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, data)
+    _mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND)
+
+
+def _apply_egress(rules: str) -> None:
+    """Load the cluster's egress policy (an nftables script) into its network namespace while
+    still root: the tenant's processes have no capability to change it."""
+    import subprocess
+
+    subprocess.run(
+        ["nft", "-f", "-"],
+        input=rules.encode(),
+        env={"PATH": "/usr/sbin:/sbin:/usr/bin:/bin"},
+        check=True,
+        capture_output=True,
+        timeout=20,
+    )
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def load_seccomp(program_hex: str) -> None:
+    """Install the sandbox's seccomp filter (a BPF program libseccomp compiled on the host) on
+    this thread and everything it starts from now on."""
+    program = bytes.fromhex(program_hex)
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    _check(
+        _libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), 0, 0),
+        "prctl(PR_SET_SECCOMP)",
+    )
 
 
 def _loopback_up() -> None:
@@ -228,13 +274,19 @@ def _forward(listen_fd: int, port: int) -> None:
 
 def init(cfg: dict) -> None:
     _join_cgroups(cfg.get("cgroup_procs", []))
+    # A cgroup namespace rooted here: the cluster sees its own groups' paths, no one else's.
+    _check(_libc.unshare(CLONE_NEWCGROUP), "unshare(CLONE_NEWCGROUP)")
     host_pid = int(os.readlink("/proc/self"))  # still the host's /proc: our pid out there
     _build_filesystem(cfg)
     _loopback_up()
+    if cfg.get("egress_rules"):
+        _apply_egress(cfg["egress_rules"])
     if cfg.get("hostname"):
         name = cfg["hostname"].encode()
         _check(_libc.sethostname(name, len(name)), "sethostname")
     _drop_privileges(cfg["uid"], cfg["gid"])
+    if cfg.get("seccomp"):
+        load_seccomp(cfg["seccomp"])
     os.write(cfg["ready_fd"], f"{host_pid}\n".encode())
     os.close(cfg["ready_fd"])
     if cfg.get("listen_fd") is not None:
@@ -252,6 +304,10 @@ def init(cfg: dict) -> None:
 
 def enter(cfg: dict, command: list[str]) -> None:
     _join_cgroups(cfg.get("cgroup_procs", []))
+    if cfg.get("seccomp"):
+        # Before nsenter and setpriv, so nothing of the node ever runs without it. nsenter's
+        # setns is allowed: without capabilities, a tenant's setns joins nothing.
+        load_seccomp(cfg["seccomp"])
     os.execvp(command[0], command)
 
 
