@@ -78,15 +78,21 @@ def release_uid(leases: Leases, uid: int, owner: str) -> None:
     leases.release("uid", str(uid), owner)
 
 
+# The kernel makes two keyrings for a uid that touches keys (its user and user-session
+# keyrings) and keeps them registered after its last process: they count as keys of their own.
+OWN_KEYRINGS = 2
+
+
 def uids_holding_keys() -> set[int]:
-    """The uids that own kernel keys now (``/proc/key-users``: ``uid: usage nkeys/nikeys …``)."""
+    """The uids that own kernel keys beyond their own empty keyrings now (``/proc/key-users``:
+    ``uid: usage nkeys/nikeys …``)."""
     found = set()
     try:
         with open("/proc/key-users") as f:
             for line in f:
                 uid, _, rest = line.partition(":")
                 fields = rest.split()
-                if len(fields) >= 2 and int(fields[1].split("/")[0]) > 0:
+                if len(fields) >= 2 and int(fields[1].split("/")[0]) > OWN_KEYRINGS:
                     found.add(int(uid))
     except (OSError, ValueError):
         pass
