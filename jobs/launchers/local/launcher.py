@@ -25,9 +25,9 @@ from ..base import RAY_FAILED, RAY_TERMINAL, LaunchError, LaunchRequest, RayJobS
 from . import disk
 from .handles import KIND, discover_handles, sandbox_of
 from .isolation import (
+    ENTERED_NAMESPACES,
     MODE_OFF,
     MODE_SANDBOX,
-    NAMESPACES,
     NETWORK_LOOPBACK,
     NETWORK_NAT,
     SandboxSettings,
@@ -363,8 +363,12 @@ def _isolation_plan(
     return {
         "mode": MODE_SANDBOX,
         "uid_range": list(settings.uid_range),
-        "namespaces": list(NAMESPACES),
+        "namespaces": list(ENTERED_NAMESPACES),
         "network": NETWORK_NAT if egress_available(settings) else NETWORK_LOOPBACK,
+        "egress": "public internet only, and the allow-list"
+        if egress_available(settings)
+        else "none",
+        "egress_allow": list(settings.egress_allow),
         "limits": sandbox_limits(settings, named, stores),
         "gpu_inventory": list(settings.gpus),
     }
