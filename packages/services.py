@@ -33,6 +33,7 @@ from config.errors import DomainError, InvalidInput
 from workspaces.archive import require_active
 from workspaces.models import Workspace
 
+from .central_directory import check_entry_count
 from .models import URI_PREFIX, CodePackage
 
 CHUNK = 1024 * 1024
@@ -132,14 +133,16 @@ def _too_large(size: int, *, at_least: bool = False) -> PackageTooLarge:
 
 
 def _check_zip(path: str) -> None:
-    """A zip whose entries all unpack inside its directory: no absolute paths, no ``..``, no
-    links, no device files, and not more in total than MANTA_PACKAGE_MAX_UNPACKED_BYTES."""
-    if not zipfile.is_zipfile(path):
-        raise InvalidInput.on("package", "not a zip archive")
+    """A zip of at most MAX_ENTRIES entries that all unpack inside its directory: no absolute
+    paths, no ``..``, no links, no device files, and not more in total than
+    MANTA_PACKAGE_MAX_UNPACKED_BYTES."""
+    # Its end records first: zipfile would build every entry of a huge directory before a
+    # count could refuse it.
+    check_entry_count(path, limit=MAX_ENTRIES)
     try:
         with zipfile.ZipFile(path) as archive:
             entries = archive.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError) as exc:
         raise InvalidInput.on("package", f"not a readable zip archive: {exc}") from exc
     if len(entries) > MAX_ENTRIES:
         raise InvalidInput.on("package", f"more than {MAX_ENTRIES} entries")

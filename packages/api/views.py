@@ -52,7 +52,8 @@ class PackageViewSet(WorkspaceViewSet):
             413: OpenApiResponse(description="Larger than MANTA_PACKAGE_MAX_BYTES"),
         },
         description="The body is a zip of a working directory (paths relative to it, no `..`, "
-        "no absolute paths, no links), at most MANTA_PACKAGE_MAX_BYTES (default 100 MiB).",
+        f"no absolute paths, no links, at most {services.MAX_ENTRIES} entries), at most "
+        "MANTA_PACKAGE_MAX_BYTES (default 100 MiB).",
     )
     def create(self, request, org=None, ws=None):
         kind = (request.content_type or "").split(";")[0].strip()
