@@ -153,7 +153,7 @@ def _package_limit(name: str, default: float, *, low: float, high: float, kind=f
             f"{name}: must be a {'whole ' if kind is int else ''}number"
         ) from None
     if not low <= value <= high:
-        raise ImproperlyConfigured(f"{name}: must be between {low:g} and {high:g}, not {value:g}")
+        raise ImproperlyConfigured(f"{name}: must be between {low:g} and {high:,}, not {value:g}")
     return value
 
 

@@ -1,5 +1,5 @@
 """Request throttles: logins per client address and per account, token issuance per account, job
-submissions per user and per workspace.
+submissions per user and per workspace, code package uploads per user.
 
 DRF's ``SimpleRateThrottle`` over Django's default cache, which every API process shares (Redis in
 production, see ``CACHES`` in config/settings.py); rates come from
@@ -186,6 +186,17 @@ class SubmitWorkspaceThrottle(RateThrottle):
 
     def get_cache_key(self, request, view) -> str:
         return self.cache_format % {"scope": self.scope, "ident": view.workspace.pk}
+
+
+class PackageUploadThrottle(RateThrottle):
+    """Code package uploads per user, over all their workspaces: each is up to
+    MANTA_PACKAGE_MAX_BYTES read, hashed, checked and stored, whatever the storage quota then
+    says. Every upload counts, content the workspace already holds too."""
+
+    scope = "package_upload"
+
+    def get_cache_key(self, request, view) -> str:
+        return self.cache_format % {"scope": self.scope, "ident": request.user.pk}
 
 
 class ThrottledViewMixin:

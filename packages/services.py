@@ -2,7 +2,8 @@
 
 An upload is streamed to a temporary file while it is hashed and counted (never held in memory,
 cut off as soon as it passes the limit), checked as a zip whose every entry stays inside the
-directory it unpacks to, and stored under its sha256 unless that content is stored already.
+directory it unpacks to, counted against its workspace's storage quota, and stored under its
+sha256 unless that content is stored already.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from typing import BinaryIO
 from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import storages
-from django.db import IntegrityError, transaction
+from django.db import transaction
+from django.db.models import Count, Sum
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare, salted_hmac
 from rest_framework import status
 
 from audit import services as audit
 from audit.context import Actor
-from config.errors import DomainError, InvalidInput
+from config.errors import Conflict, DomainError, InvalidInput
 from workspaces.archive import require_active
 from workspaces.models import Workspace
 
@@ -44,6 +46,10 @@ URI = re.compile(rf"^{re.escape(URI_PREFIX)}([0-9a-f]{{64}})$")
 class PackageTooLarge(DomainError):
     type = "payload_too_large"
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+
+
+class PackageStorageExceeded(Conflict):
+    type = "package_storage_exceeded"
 
 
 def storage():
@@ -88,7 +94,9 @@ def package_store(
     metadata: dict | None = None,
 ) -> tuple[CodePackage, bool]:
     """Check the zip at ``path`` and store it for ``workspace`` under its sha256 (once per
-    content); (package, created)."""
+    content); (package, created). Content the workspace holds already is answered as it is;
+    new content over the workspace's storage quota is a 409 ``package_storage_exceeded`` that
+    leaves neither a row nor a stored blob."""
     if sha256 is None or size is None:
         digest, size = hashlib.sha256(), 0
         with open(path, "rb") as source:
@@ -100,12 +108,26 @@ def package_store(
         raise _too_large(size)
     require_active(workspace)
     _check_zip(path)
+    held = CodePackage.objects.filter(workspace=workspace, sha256=sha256)
+    if not held.exists():
+        _check_storage(workspace, size)  # before the blob is written: a refusal writes nothing
     name = blob_name(sha256)
+    stored_here = False
     if not storage().exists(name):
         with open(path, "rb") as source:
             storage().save(name, File(source))
+        stored_here = True
     try:
         with transaction.atomic():
+            # Uploads into one workspace take its row in turn, so two cannot both fit in the
+            # room only one has. NO KEY: rows that merely refer to the workspace (a job, an
+            # audit row) are not held up.
+            locked = Workspace.objects.select_for_update(no_key=True).get(pk=workspace.pk)
+            require_active(locked)
+            existing = held.first()
+            if existing is not None:
+                return existing, False
+            _check_storage(workspace, size)
             package = CodePackage.objects.create(
                 workspace=workspace, sha256=sha256, size=size, uploaded_by=actor.user
             )
@@ -118,9 +140,40 @@ def package_store(
                 changes={"sha256": [None, sha256]},
                 metadata={"size": size, **(metadata or {})},
             )
-    except IntegrityError:
-        return CodePackage.objects.get(workspace=workspace, sha256=sha256), False
+    except BaseException:
+        if stored_here and not CodePackage.objects.filter(sha256=sha256).exists():
+            storage().delete(name)
+        raise
     return package, True
+
+
+def _check_storage(workspace: Workspace, size: int) -> None:
+    """Refuse a new package of ``size`` bytes that would take ``workspace`` past
+    MANTA_PACKAGE_STORAGE_COUNT packages or MANTA_PACKAGE_STORAGE_GB."""
+    used = CodePackage.objects.filter(workspace=workspace).aggregate(
+        count=Count("pk"), bytes=Sum("size", default=0)
+    )
+    most = settings.MANTA_PACKAGE_STORAGE_COUNT
+    if used["count"] + 1 > most:
+        message = (
+            f"the workspace holds {used['count']} packages and may hold {most} "
+            "(MANTA_PACKAGE_STORAGE_COUNT); this upload needs 1 more"
+        )
+    else:
+        gib = settings.MANTA_PACKAGE_STORAGE_GB
+        limit = int(gib * 1024**3)
+        if used["bytes"] + size <= limit:
+            return
+        message = (
+            f"the workspace's packages use {used['bytes']} of {limit} bytes "
+            f"(MANTA_PACKAGE_STORAGE_GB {gib:g}); this upload needs {size} more"
+        )
+    expiry = settings.MANTA_PACKAGE_RETENTION_DAYS
+    raise PackageStorageExceeded(
+        f"no room for this package in the workspace {workspace.slug!r}: {message}; packages "
+        f"no job used for {expiry} days are deleted",
+        errors={"package": [message]},
+    )
 
 
 def _too_large(size: int, *, at_least: bool = False) -> PackageTooLarge:

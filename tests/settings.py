@@ -19,6 +19,7 @@ os.environ.setdefault("MANTA_THROTTLE_LOGIN_ACCOUNT", "100000/s")
 os.environ.setdefault("MANTA_THROTTLE_TOKENS", "100000/s")
 os.environ.setdefault("MANTA_THROTTLE_SUBMIT_USER", "100000/s")
 os.environ.setdefault("MANTA_THROTTLE_SUBMIT_WORKSPACE", "100000/s")
+os.environ.setdefault("MANTA_THROTTLE_PACKAGE_UPLOAD", "100000/s")
 
 from config.settings import *  # noqa: F403
 from config.settings import DATABASES
@@ -32,4 +33,4 @@ SECRET_KEY = "tests"
 
 # Most tests are about organisations' quotas, not this machine's size: the local host's own
 # capacity does not bind them (tests/quotas/test_host_capacity.py sets it where it matters).
-MANTA_LOCAL_CAPACITY = {"cpu": 1e6, "memory_gb": 1e6}
+MANTA_LOCAL_CAPACITY = {"cpu": 1e6, "memory_gb": 1e6, "disk_gb": 1e6}

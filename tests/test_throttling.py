@@ -1,14 +1,16 @@
 """Throttles (config/throttles.py): logins per address and per account, token issuance per account,
-job submissions per user and per workspace; 429 ``throttled`` with Retry-After; the counts live
-in the shared cache. Each test sets low rates of its own, a fresh local-memory cache (one test a
-real Redis) and a clock it moves by hand."""
+job submissions per user and per workspace, package uploads per user; 429 ``throttled`` with
+Retry-After; the counts live in the shared cache. Each test sets low rates of its own, a fresh
+local-memory cache (one test a real Redis) and a clock it moves by hand."""
 
 from __future__ import annotations
 
+import io
 import logging
 import subprocess
 import sys
 import threading
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKENS = "/api/v1/auth/tokens/"
 WS = "/api/v1/orgs/acme/workspaces/ml/"
 WS2 = "/api/v1/orgs/acme/workspaces/ml2/"
-SCOPES = ("login_ip", "login_account", "tokens", "submit_user", "submit_workspace")
+SCOPES = (
+    "login_ip",
+    "login_account",
+    "tokens",
+    "submit_user",
+    "submit_workspace",
+    "package_upload",
+)
 TEST_REDIS = "redis://127.0.0.1:6379/13"
 
 
@@ -260,6 +269,35 @@ def test_a_rejected_submission_counts(world, rates, clock):
     for _ in range(2):
         assert client.post(WS + "jobs/", {}, format="json").status_code == 400
     assert_throttled(client.post(WS + "jobs/", {}, format="json"))
+
+
+# --- package uploads --------------------------------------------------------------------------
+
+
+def a_zip(n: int) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr(zipfile.ZipInfo("train.py", (2024, 1, 1, 0, 0, 0)), f"print({n})\n")
+    return buffer.getvalue()
+
+
+def upload(world, who, n, ws=WS):
+    body = a_zip(n)
+    return world.client(who).post(ws + "packages/", data=body, content_type="application/zip")
+
+
+def test_a_burst_of_package_uploads_is_429_past_the_rate(
+    world, second_workspace, rates, clock, package_storage
+):
+    rates(package_upload="3/h")
+    for n, ws in enumerate((WS, WS2, WS)):
+        assert upload(world, "developer", n, ws).status_code == 201
+    # The user's uploads over all workspaces count; content the workspace holds already too.
+    assert_throttled(upload(world, "developer", 3, WS2), retry_after=3600)
+    assert_throttled(upload(world, "developer", 2, WS), retry_after=3600)
+    assert upload(world, "developer2", 4).status_code == 201  # another user counts alone
+    clock.advance(3600)
+    assert upload(world, "developer", 5).status_code == 201
 
 
 # --- the shared cache -------------------------------------------------------------------------

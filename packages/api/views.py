@@ -7,6 +7,7 @@ from rest_framework import exceptions, permissions, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.throttles import PackageUploadThrottle, ThrottledViewMixin
 from packages import services
 from packages.models import CodePackage
 from workspaces import roles
@@ -17,7 +18,7 @@ from .serializers import PackageOutput
 ZIP_TYPES = ("application/zip", "application/octet-stream", "application/x-zip-compressed")
 
 
-class PackageViewSet(WorkspaceViewSet):
+class PackageViewSet(ThrottledViewMixin, WorkspaceViewSet):
     queryset = CodePackage.objects.none()
     workspace_field = "workspace"
     lookup_field = "sha256"
@@ -25,6 +26,7 @@ class PackageViewSet(WorkspaceViewSet):
     lookup_value_regex = r"[0-9a-f]{64}"
     not_found_message = "No such package in this workspace."
     serializer_class = PackageOutput
+    throttle_map = {"create": [PackageUploadThrottle]}
     permission_map = {
         "list": roles.WS_VIEW,
         "retrieve": roles.WS_VIEW,
@@ -53,7 +55,11 @@ class PackageViewSet(WorkspaceViewSet):
         },
         description="The body is a zip of a working directory (paths relative to it, no `..`, "
         f"no absolute paths, no links, at most {services.MAX_ENTRIES} entries), at most "
-        "MANTA_PACKAGE_MAX_BYTES (default 100 MiB).",
+        "MANTA_PACKAGE_MAX_BYTES (default 100 MiB). New content must fit the workspace's "
+        "package storage (MANTA_PACKAGE_STORAGE_GB, MANTA_PACKAGE_STORAGE_COUNT): otherwise "
+        "409 `package_storage_exceeded`; content the workspace holds already answers 200 "
+        "whatever it uses. Uploads per user are throttled (MANTA_THROTTLE_PACKAGE_UPLOAD): "
+        "429 `throttled` with Retry-After.",
     )
     def create(self, request, org=None, ws=None):
         kind = (request.content_type or "").split(";")[0].strip()
