@@ -14,13 +14,19 @@ from rich.text import Text
 from .client import Client
 from .errors import ApiError, ConnectionFailed
 from .responses import TERMINAL_STATES, Attempt, Job
+from .terminal import escape_controls
 
 # How long a follower waits for a server that stopped answering before it gives up.
 OUTAGE_SECONDS = 300.0
 
 
 def describe(job: Job) -> str:
-    """What the job is doing, or waiting for, in a few words."""
+    """What the job is doing, or waiting for, in a few words; control characters in what the
+    job and Ray said (a failure message, a reason) escaped."""
+    return escape_controls(_describe(job))
+
+
+def _describe(job: Job) -> str:
     state = job.get("state", "")
     attempts = job.get("attempts") or []
     attempt: Attempt = attempts[-1] if attempts else {}
@@ -103,6 +109,7 @@ class StatusLine:
 
     def note(self, text: str) -> None:
         """Something about following itself (not the job), shown until the next update."""
+        text = escape_controls(text)  # it may quote what the server answered
         if self._live is not None:
             self._spinner.update(text=Text(f"job {self.job_id}: {text}"))
         elif text != self.last:
@@ -115,12 +122,14 @@ class StatusLine:
 
 
 class LogSink:
-    """Where the driver log goes: raw to ``out``, or above the status line when that is on the
-    same terminal. Text is passed on in whole lines, so a line is never split by the status."""
+    """Where the driver log goes: to ``out``, or above the status line when that is on the same
+    terminal. Text is passed on in whole lines, so a line is never split by the status, with its
+    control characters escaped unless ``raw`` (the job wrote it: :mod:`manta.terminal`)."""
 
-    def __init__(self, out: TextIO, status: StatusLine | None = None):
+    def __init__(self, out: TextIO, status: StatusLine | None = None, *, raw: bool = False):
         self.out = out
         self.status = status
+        self.raw = raw
         self._partial = ""
         self.ends_with_newline = True
 
@@ -141,6 +150,8 @@ class LogSink:
     def _emit(self, text: str) -> None:
         if not text:
             return
+        if not self.raw:
+            text = escape_controls(text)
         if self.status is not None and self.status.is_live:
             self.status.write_log(text)
         else:

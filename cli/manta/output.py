@@ -14,6 +14,7 @@ from rich.table import Table
 from .errors import ApiError
 from .follow import describe
 from .responses import Job, Template
+from .terminal import escape_controls
 
 STATE_STYLES = {
     "pending_approval": "yellow",
@@ -69,9 +70,11 @@ def print_api_error(exc: ApiError, *, as_json: bool) -> None:
 
 
 def escape(text: str) -> str:
+    """Server text made safe to print: Rich markup and terminal control characters escaped
+    (names, reasons and messages are tenant input, some written by a job)."""
     from rich.markup import escape as rich_escape
 
-    return rich_escape(str(text))
+    return rich_escape(escape_controls(str(text)))
 
 
 def state_text(state: str) -> str:

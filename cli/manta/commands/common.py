@@ -12,6 +12,7 @@ import typer
 from .. import config, output
 from ..client import Client
 from ..output import OutputFormat
+from ..terminal import escape_controls
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -21,6 +22,19 @@ DEFAULT_POLL_SECONDS = 1.0
 OutputOption = Annotated[
     OutputFormat | None,
     typer.Option("--output", "-o", help="table for people, json for scripts"),
+]
+
+
+RawOption = Annotated[
+    bool,
+    typer.Option(
+        "--raw",
+        help="Print the job's log exactly as the job wrote it. Without it, control characters in "
+        "the log (escape sequences, a carriage return that does not end a line, NUL, DEL, C1 "
+        "controls) are shown escaped, as \\x1b, whether or not the output is a terminal (a log "
+        "saved to a file and shown later is as dangerous), so a job cannot move the cursor, "
+        "clear the screen, retitle the window or write the clipboard.",
+    ),
 ]
 
 
@@ -81,8 +95,9 @@ def client(*, workspace: bool = True) -> Client:
 
 
 def info(message: str) -> None:
-    """Progress for people: on stderr, so stdout stays the command's result."""
-    output.stderr().print(message, markup=False)
+    """Progress for people: on stderr, so stdout stays the command's result. It may quote the
+    server (a job's name, how it ended): control characters are escaped."""
+    output.stderr().print(escape_controls(message), markup=False)
 
 
 def poll_seconds() -> float:

@@ -9,8 +9,9 @@ from typing import Annotated
 import typer
 
 from .. import output
+from ..terminal import escape_controls
 from . import common
-from .common import OutputOption, UsageProblem, info, use
+from .common import OutputOption, RawOption, UsageProblem, info, use
 from .watch import finish, follow_until_done
 
 jobs_app = typer.Typer(help="List, inspect, follow and decide on jobs.", no_args_is_help=True)
@@ -73,9 +74,13 @@ def jobs_logs(
         int | None, typer.Option(help="This attempt's log (default: the latest)", min=1)
     ] = None,
     tail: Annotated[int | None, typer.Option(help="Only the last N lines", min=1)] = None,
+    raw: RawOption = False,
     output_format: OutputOption = None,
 ) -> None:
-    """The job's driver log; with -f until the job ends (exit 0 if it succeeded, 1 if not)."""
+    """The job's driver log; with -f until the job ends (exit 0 if it succeeded, 1 if not).
+
+    The job wrote it: its control characters are shown escaped (ESC as \\x1b) unless --raw.
+    """
     state = use(ctx, output_format)
     if follow_job and (attempt is not None or tail is not None):
         raise UsageProblem(
@@ -83,7 +88,9 @@ def jobs_logs(
         )
     with common.client() as client:
         if follow_job:
-            final = follow_until_done(client, client.job(job_id), state, offer_cancel=False)
+            final = follow_until_done(
+                client, client.job(job_id), state, offer_cancel=False, raw=raw
+            )
         else:
             body = client.job_logs(job_id, attempt=attempt, tail=tail)
     if follow_job:
@@ -91,7 +98,7 @@ def jobs_logs(
     elif state.as_json:
         output.print_json(body)
     else:
-        sys.stdout.write(body["logs"])
+        sys.stdout.write(body["logs"] if raw else escape_controls(body["logs"]))
         sys.stdout.flush()
 
 
@@ -178,7 +185,8 @@ def templates_get(
         console.print(output.escape(found["description"]))
     overridable = ", ".join(found.get("allowed_overrides") or []) or "nothing"
     console.print(f"overridable: {output.escape(overridable)}")
-    console.print_json(data=found.get("spec") or {})
+    # ASCII: JSON escapes C0 controls, but would print DEL and C1 controls as they are.
+    console.print_json(data=found.get("spec") or {}, ensure_ascii=True)
 
 
 @sources_app.command("ls")

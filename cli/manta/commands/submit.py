@@ -15,7 +15,7 @@ from ..errors import ApiError
 from ..responses import Template
 from ..workdir import package_working_dir
 from . import common
-from .common import NotSupportedByServer, OutputOption, UsageProblem, info, use
+from .common import NotSupportedByServer, OutputOption, RawOption, UsageProblem, info, use
 from .watch import finish, follow_until_done
 
 ADHOC_WORKERS = {"name": "workers", "replicas": 1, "cpu": 1, "gpu": 0, "memory_gb": 1}
@@ -60,6 +60,7 @@ def submit(
             help="Show its state and stream its log until it ends (Ctrl-C asks to cancel it)",
         ),
     ] = False,
+    raw: RawOption = False,
     output_format: OutputOption = None,
 ) -> None:
     """Submit a job, from a template or ad hoc, optionally with a local directory as its code.
@@ -111,7 +112,7 @@ def submit(
             output.show_job(job, as_json=state.as_json, submitted=True)
             return
         info(f"submitted job {job['id']} ({job.get('name', '')})")
-        final = follow_until_done(client, job, state, offer_cancel=True)
+        final = follow_until_done(client, job, state, offer_cancel=True, raw=raw)
     finish(state, final)
 
 

@@ -13,13 +13,16 @@ from ..responses import Job
 from .common import EXIT_FAILED, EXIT_INTERRUPTED, State, info, poll_seconds
 
 
-def follow_until_done(client: Client, job: Job, state: State, *, offer_cancel: bool) -> Job:
+def follow_until_done(
+    client: Client, job: Job, state: State, *, offer_cancel: bool, raw: bool = False
+) -> Job:
     """Show the job's state and stream its log until it ends; the ended job. Ctrl-C stops
     following (exit 130), after asking whether to cancel the job when ``offer_cancel``.
-    With JSON output the log goes to stderr, so stdout holds only the final job."""
+    With JSON output the log goes to stderr, so stdout holds only the final job. The log's
+    control characters are escaped unless ``raw``."""
     log_out = sys.stderr if state.as_json else sys.stdout
     status = StatusLine(job["id"], status_console(log_out))
-    sink = LogSink(log_out, status)
+    sink = LogSink(log_out, status, raw=raw)
     try:
         with status:
             return follow(
