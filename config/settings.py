@@ -315,6 +315,11 @@ MANTA_NODE_RESTARTS = env.int("MANTA_NODE_RESTARTS", default=3)
 # How often a running attempt's driver log is copied to the database (so it never disappears
 # from logs/ when its cluster stops answering).
 MANTA_LOG_SAVE_SECONDS = env.float("MANTA_LOG_SAVE_SECONDS", default=10.0)
+# How much of a driver log's end that copy keeps, and the most logs/ reads of a log at once: a
+# longer log's copy starts with a line saying how many bytes were dropped (jobs/log_archive.py).
+MANTA_LOG_ARCHIVE_BYTES = env.int("MANTA_LOG_ARCHIVE_BYTES", default=2 * 1024**2)
+if not 4096 <= MANTA_LOG_ARCHIVE_BYTES <= 256 * 1024**2:
+    raise ImproperlyConfigured("MANTA_LOG_ARCHIVE_BYTES: must be between 4096 and 268435456")
 
 
 # The `local` target's isolation (jobs/launchers/sandbox.py) and capacity (jobs/local_host.py):

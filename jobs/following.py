@@ -2,7 +2,11 @@
 bring back dead nodes, enforce the deadline and, at the end, archive the logs, tear the cluster
 down and settle the job (retrying on a fresh cluster while ``max_retries`` allows). A follow step
 reschedules itself; the sweep restarts following for attempts whose heartbeat went stale (a
-worker died). Cancelled and preempted attempts are torn down here too."""
+worker died). Cancelled and preempted attempts are torn down here too.
+
+What a cluster says is the job's to choose (its log, Ray's message): it enters the database
+only through ``cluster_text.clean``, and a part of a step that fails on it (or on anything
+else) is logged without stopping the others: the deadline, cancel and teardown always run."""
 
 from __future__ import annotations
 
@@ -13,14 +17,13 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
-from django.db.models.functions import Length
 from django.utils import timezone
 
 from config import secrets
 
 from .attempts import SYSTEM, handle_of, leased, load, move_job, stop_orphans
 from .launch_requests import resolve_target
-from .launchers import launcher_for
+from .launchers import cluster_text, launcher_for
 from .launchers.base import (
     RAY_FAILED,
     RAY_RUNNING,
@@ -31,11 +34,11 @@ from .launchers.base import (
     NodeFailures,
     RayJobState,
 )
+from .log_archive import log_archive_save
 from .models import ATTEMPT_ACTIVE, AttemptState, Job, JobAttempt, JobState
 from .state import record_event
 
 logger = logging.getLogger(__name__)
-LOG_ARCHIVE_LIMIT = 2_000_000  # characters kept of a driver log (its tail)
 
 
 # --- following ---------------------------------------------------------------------------------
@@ -53,7 +56,10 @@ def follow_start(attempt_id: str) -> None:
 
 
 def attempt_follow(attempt_id: str, token: int) -> bool:
-    """One step of following. Returns True when the caller should schedule another step."""
+    """One step of following. Returns True when the caller should schedule another step.
+
+    Its parts (recording Ray's answer, saving the log, healing, the move to running, the
+    deadline) stand on their own: one that raises is logged and the others still run."""
     attempt = load(attempt_id)
     if attempt.follow_token != token or attempt.state not in ATTEMPT_ACTIVE:
         return False
@@ -78,48 +84,58 @@ def attempt_follow(attempt_id: str, token: int) -> bool:
             return False
         return not _deadline_kept(attempt_id, attempt, job, now)
     now = timezone.now()
-    JobAttempt.objects.filter(pk=attempt_id).update(
-        heartbeat_at=now,
-        ray_seen_at=now,
-        ray_status=state.status,
-        ray_message=state.message[:4000],
-    )
+    _part(attempt, "recording Ray's answer", lambda: _record_answer(attempt_id, state, now))
     if state.status in RAY_TERMINAL:
         attempt_settle(attempt_id, state, reason=state.reason)
         return False
-    _save_log_now_and_then(attempt, launcher, handle, now)
+    _part(attempt, "saving the log", lambda: _save_log_now_and_then(attempt, launcher, handle, now))
     try:
         _heal(attempt, launcher, handle)
     except NodeFailures as exc:
         attempt_settle(attempt_id, RayJobState(RAY_FAILED, str(exc)), reason="node_failures")
         return False
+    except Exception:
+        logger.exception("Following attempt %s: healing its cluster failed", attempt_id)
     if state.status == RAY_RUNNING and job.state == JobState.LAUNCHING:
-        JobAttempt.objects.filter(pk=attempt_id).update(state=AttemptState.RUNNING, running_at=now)
-        move_job(job.pk, JobState.RUNNING, data={"attempt": attempt.number})
-        attempt.running_at = now
+        _part(attempt, "moving the job to running", lambda: _mark_running(attempt, now))
     return not _deadline_kept(attempt_id, attempt, job, now)
 
 
+def _part(attempt: JobAttempt, what: str, call) -> None:
+    """Run one part of a follow step; when it raises, log it and let the step go on."""
+    try:
+        call()
+    except Exception:
+        logger.exception("Following attempt %s: %s failed", attempt.pk, what)
+
+
+def _record_answer(attempt_id: str, state: RayJobState, now) -> None:
+    """The heartbeat, and what Ray said (cleaned: the job chooses the message)."""
+    with transaction.atomic():  # a refused write must not spoil the caller's transaction
+        JobAttempt.objects.filter(pk=attempt_id).update(
+            heartbeat_at=now,
+            ray_seen_at=now,
+            ray_status=cluster_text.clean(state.status)[:16],
+            ray_message=cluster_text.clean(state.message)[:4000],
+        )
+
+
+def _mark_running(attempt: JobAttempt, now) -> None:
+    JobAttempt.objects.filter(pk=attempt.pk).update(state=AttemptState.RUNNING, running_at=now)
+    move_job(attempt.job_id, JobState.RUNNING, data={"attempt": attempt.number})
+    attempt.running_at = now
+
+
 def _save_log_now_and_then(attempt: JobAttempt, launcher, handle: dict[str, Any], now) -> None:
-    """Copy the driver log to the attempt every MANTA_LOG_SAVE_SECONDS, so that logs/ has it
-    whatever becomes of the cluster."""
+    """Copy the end of the driver log (MANTA_LOG_ARCHIVE_BYTES of it, and only that much is
+    read) to the attempt every MANTA_LOG_SAVE_SECONDS, so that logs/ has it whatever becomes
+    of the cluster."""
     saved = attempt.log_saved_at
     if saved is not None and (now - saved).total_seconds() < settings.MANTA_LOG_SAVE_SECONDS:
         return
     with contextlib.suppress(LaunchError):  # Ray is not answering: the next step tries again
-        _save_log(attempt.pk, launcher.logs(handle))
-
-
-def _save_log(attempt_id, text: str) -> None:
-    """Store the log's tail (at most LOG_ARCHIVE_LIMIT characters), never a shorter log than
-    the one stored: what a follower has read stays readable."""
-    kept = text[-LOG_ARCHIVE_LIMIT:]
-    start = len(text) - len(kept)
-    JobAttempt.objects.filter(pk=attempt_id).alias(
-        stored_end=F("log_start") + Length("log_archive")
-    ).filter(stored_end__lte=len(text)).update(
-        log_archive=kept, log_start=start, log_saved_at=timezone.now()
-    )
+        part = launcher.log_part(handle, limit=settings.MANTA_LOG_ARCHIVE_BYTES)
+        log_archive_save(attempt.pk, part)
 
 
 def _heal(attempt: JobAttempt, launcher, handle: dict[str, Any]) -> None:
@@ -200,17 +216,17 @@ def attempt_settle(attempt_id: str, state: RayJobState, *, reason: str = "") -> 
         failures = 1 + JobAttempt.objects.filter(job=job, state=AttemptState.FAILED).count()
         retries_left = failures <= job.spec.get("max_retries", 0)
         job_state = JobState.QUEUED if retries_left and failure in RETRYABLE else JobState.FAILED
+    message = cluster_text.clean(state.message)[:4000]
     with transaction.atomic():
         updated = JobAttempt.objects.filter(pk=attempt_id, state__in=ATTEMPT_ACTIVE).update(
             state=attempt_state,
             failure_reason=failure,
-            ray_status=state.status,
-            ray_message=state.message[:4000],
+            ray_status=cluster_text.clean(state.status)[:16],
+            ray_message=message,
             exit_code=state.exit_code,
         )
         if not updated:
             return
-        message = state.message[:4000]
         data = {"attempt": attempt.number, "exit_code": state.exit_code, "message": message}
 
         def record(locked: Job) -> None:
@@ -225,7 +241,9 @@ def attempt_settle(attempt_id: str, state: RayJobState, *, reason: str = "") -> 
 
 
 def attempt_teardown(attempt: JobAttempt) -> None:
-    """Archive the driver log and stop everything the attempt started. Idempotent."""
+    """Archive the driver log and stop everything the attempt started. Idempotent. The cluster
+    is stopped, and the attempt marked torn down, whether or not the log could be read or
+    stored."""
     handle = handle_of(attempt)
     if handle is None:
         # A launch killed before it stored the handle may have left a cluster behind.
@@ -236,13 +254,19 @@ def attempt_teardown(attempt: JobAttempt) -> None:
     target = resolve_target(attempt.job)
     launcher = launcher_for(target.kind, target.config)
     try:
-        log = launcher.logs(handle)
+        log = launcher.log_part(handle, limit=settings.MANTA_LOG_ARCHIVE_BYTES)
     except LaunchError:
+        log = None
+    except Exception:
+        logger.exception("Reading the log of attempt %s failed; tearing down", attempt.pk)
         log = None
     launcher.stop(handle)  # stops the Ray job; for local, the whole cluster
     stop_orphans(attempt, target)
     if log is not None:
-        _save_log(attempt.pk, log)
+        try:
+            log_archive_save(attempt.pk, log)
+        except Exception:
+            logger.exception("Archiving the log of attempt %s failed", attempt.pk)
     # From now on logs/ reads the archive: it is written.
     JobAttempt.objects.filter(pk=attempt.pk).update(torn_down_at=timezone.now())
 

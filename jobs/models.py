@@ -194,7 +194,8 @@ class JobAttempt(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     failure_reason = models.CharField(max_length=64, blank=True)
     # Manta's copy of the driver log: saved while the attempt runs and, in full, at its end.
-    # It keeps the log's tail; log_start is how many characters came before it.
+    # It keeps the log's end (MANTA_LOG_ARCHIVE_BYTES of it, see jobs/log_archive.py);
+    # log_start is how many bytes of the log came before it.
     log_archive = models.TextField(blank=True)
     log_start = models.PositiveBigIntegerField(default=0)
     log_saved_at = models.DateTimeField(null=True, blank=True)

@@ -63,6 +63,19 @@ class RayJobState:
     reason: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class LogPart:
+    """A piece of a driver log: ``text`` covers the log's bytes from ``start`` to ``end``.
+
+    Offsets count the bytes the driver wrote. The text is clean (see ``cluster_text``): each
+    byte that is not text is one U+FFFD, so ``cluster_text.width(text) == end - start``.
+    """
+
+    text: str
+    start: int
+    end: int
+
+
 class LaunchError(Exception):
     """The cluster or the submission could not be brought up; the attempt fails with it."""
 
@@ -107,7 +120,12 @@ class Launcher(Protocol):
         """The Ray job's current status. Raises LaunchError when the cluster is unreachable."""
 
     def logs(self, handle: dict[str, Any], *, tail: int | None = None) -> str:
-        """The driver log so far (the last ``tail`` lines when given)."""
+        """The driver log so far (the last ``tail`` lines when given), at most its last few
+        MiB: a log is never read whole."""
+
+    def log_part(self, handle: dict[str, Any], *, since: int | None = None, limit: int) -> LogPart:
+        """At most ``limit`` bytes of the driver log: from byte ``since`` on when given, else
+        its end. Raises LaunchError when the cluster cannot say."""
 
     def follow_logs(self, handle: dict[str, Any]) -> Iterator[str]:
         """The driver log from its start, chunk by chunk as it is written, until the job ends.

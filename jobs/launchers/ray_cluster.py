@@ -6,6 +6,10 @@ Target config: ``address`` (the dashboard, ``http://host:8265``), the cluster's 
 target is saved and again before every connection, and a plain-http connection goes to the
 address that was checked, so a DNS answer that changes in between cannot redirect it.
 
+Every request to the cluster is bounded (a total deadline, no redirects, a size cap on the
+answer: see ``ray_jobs.make_client``); the Jobs API answers only with a job's whole log, so a
+log longer than ``ray_jobs.LOG_ANSWER_LIMIT`` cannot be read live (Manta's copy answers).
+
 The driver is given the head's spec as Ray entrypoint resources (CPUs, GPUs, memory), so Ray
 schedules it where that much is free. Worker groups are not provisioned: the job's tasks use
 whatever the shared cluster has (see the README's security section).
@@ -20,7 +24,7 @@ from typing import Any
 from config import ssrf
 
 from . import ray_jobs
-from .base import LaunchError, LaunchRequest, RayJobState
+from .base import LaunchError, LaunchRequest, LogPart, RayJobState
 
 GIB = 1024**3
 
@@ -90,6 +94,9 @@ class RayClusterLauncher:
 
     def logs(self, handle: dict[str, Any], *, tail: int | None = None) -> str:
         return ray_jobs.job_logs(self._client(), handle["submission_id"], tail=tail)
+
+    def log_part(self, handle: dict[str, Any], *, since: int | None = None, limit: int) -> LogPart:
+        return ray_jobs.log_part(self._client(), handle["submission_id"], since=since, limit=limit)
 
     def follow_logs(self, handle: dict[str, Any]) -> Iterator[str]:
         return ray_jobs.follow_logs(self._client(), handle["submission_id"])

@@ -5,7 +5,11 @@ nothing here knows how the cluster came to be. What these helpers promise:
 
 * :func:`make_client` talks to exactly the address it is given (Ray would otherwise let
   ``RAY_ADDRESS``/``RAY_API_SERVER_ADDRESS`` in this process's environment silently redirect it),
-  sends ``Authorization: Bearer <token>`` on every request and never waits forever on a request.
+  sends ``Authorization: Bearer <token>`` on every request, and sends every request (the
+  version check in the constructor included) through :func:`.dashboard_http.exchange`: a total
+  deadline, no redirects and a size cap on each answer, since the job may have replaced the
+  dashboard with a server of its own.
+* Text from the cluster (status messages, logs) comes back clean (:mod:`.cluster_text`).
 * :func:`submit_idempotent` never starts a second Ray job for a ``submission_id`` the cluster
   already knows: a re-submit adopts the existing job.
 * Every failure to reach or use the cluster is raised as :class:`LaunchError`, never as a Ray or
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import os
 import threading
@@ -27,14 +32,18 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .base import RAY_TERMINAL, LaunchError, RayJobState
+from . import cluster_text, dashboard_http
+from .base import RAY_TERMINAL, LaunchError, LogPart, RayJobState
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_REQUEST_TIMEOUT = 30.0
+DEFAULT_REQUEST_TIMEOUT = dashboard_http.DEFAULT_TIMEOUT  # seconds, total, per request
+ANSWER_LIMIT = dashboard_http.ANSWER_LIMIT  # bytes of a JSON answer
+LOG_ANSWER_LIMIT = 4 * ANSWER_LIMIT  # bytes of the Jobs API's answer with a whole log
+UPLOAD_SECONDS_PER_MIB = 1.0  # a package upload's deadline grows with its size
 
 # Ray lets these override the address given to JobSubmissionClient (see
 # ray.dashboard.utils.get_address_for_submission_client).
@@ -58,40 +67,116 @@ def auth_headers(token: str | None) -> dict[str, str]:
 def _client_class() -> type[JobSubmissionClient]:
     from ray.job_submission import JobSubmissionClient
 
-    class _TimeoutJobSubmissionClient(JobSubmissionClient):
-        """A JobSubmissionClient whose every HTTP request has a timeout.
+    class _BoundedJobSubmissionClient(JobSubmissionClient):
+        """A JobSubmissionClient whose every HTTP request is one dashboard_http.exchange():
+        a total deadline, no redirects, a size cap on the answer.
 
         Ray's public methods take no timeout, and a dashboard that accepts the connection but
-        never answers would otherwise hang a Celery task forever.
+        never answers (or drips its answer) would otherwise hang a Celery task forever.
         """
 
-        def __init__(self, *args: Any, request_timeout: float, **kwargs: Any) -> None:
+        def __init__(
+            self,
+            *args: Any,
+            request_timeout: float,
+            answer_limit: int,
+            log_limit: int,
+            **kwargs: Any,
+        ) -> None:
             # Set before super().__init__, which already sends the version-check requests.
             self._request_timeout = request_timeout
+            self._answer_limit = answer_limit
+            self._log_limit = log_limit
+            self._version_answer: Any = None
             super().__init__(*args, **kwargs)
 
-        def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
-            kwargs.setdefault("timeout", self._request_timeout)
-            return super()._do_request(method, endpoint, **kwargs)
+        def _do_request(
+            self,
+            method: str,
+            endpoint: str,
+            *,
+            data: bytes | None = None,
+            json_data: dict | None = None,
+            **kwargs: Any,
+        ) -> Any:
+            # The constructor checks the version twice, with the same request: ask once.
+            if method == "GET" and endpoint == "/api/version" and self._version_answer:
+                return self._version_answer
+            headers = dict(self._headers)
+            body = data
+            if json_data is not None:
+                body = json.dumps(json_data).encode()
+                headers["Content-Type"] = "application/json"
+            timeout = self._request_timeout + len(body or b"") / 2**20 * UPLOAD_SECONDS_PER_MIB
+            limit = self._log_limit if endpoint.endswith("/logs") else self._answer_limit
+            url = self._address + endpoint
+            answer = dashboard_http.exchange(
+                method,
+                url,
+                headers=headers,
+                body=body,
+                timeout=timeout,
+                limit=limit,
+                verify=self._verify,
+            )
+            if answer.status in (401, 403):
+                raise dashboard_http.DashboardError(
+                    f"{method} {url} answered {answer.status}: the cluster's token was "
+                    f"{'refused' if answer.status == 403 else 'not sent'}"
+                )
+            response = _response(answer, url)
+            if method == "GET" and endpoint == "/api/version" and answer.status == 200:
+                self._version_answer = response
+            return response
 
-    return _TimeoutJobSubmissionClient
+    return _BoundedJobSubmissionClient
+
+
+def _response(answer: dashboard_http.Answer, url: str) -> Any:
+    """The answer as the ``requests.Response`` Ray's client reads (status, text, json())."""
+    import requests
+
+    response = requests.Response()
+    response.status_code = answer.status
+    response.reason = answer.reason
+    response.headers = requests.structures.CaseInsensitiveDict(answer.headers)
+    response.url = url
+    response.encoding = "utf-8"  # never guessed: a guess reads the whole body once more
+    response._content = answer.body
+    response._content_consumed = True
+    return response
 
 
 def make_client(
-    address: str, token: str | None, *, timeout: float = DEFAULT_REQUEST_TIMEOUT
+    address: str,
+    token: str | None,
+    *,
+    timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    answer_limit: int = ANSWER_LIMIT,
+    log_limit: int = LOG_ANSWER_LIMIT,
 ) -> JobSubmissionClient:
     """A ``JobSubmissionClient`` for the dashboard at ``address`` (``http://host:port``).
 
-    Raises LaunchError when the dashboard is unreachable or rejects the token.
+    Each of its requests ends within ``timeout`` seconds (a package upload gets
+    UPLOAD_SECONDS_PER_MIB more per MiB), follows no redirect, and accepts an answer of at most
+    ``answer_limit`` bytes (``log_limit`` for a whole driver log). Raises LaunchError when the
+    dashboard is unreachable, rejects the token or answers outside those bounds.
     """
     cls = _client_class()
+    options = {
+        "address": address,
+        "headers": auth_headers(token),
+        "request_timeout": timeout,
+        "answer_limit": answer_limit,
+        "log_limit": log_limit,
+    }
     try:
         if not any(k in os.environ for k in _ADDRESS_OVERRIDE_ENV_VARS):
-            return cls(address=address, headers=auth_headers(token), request_timeout=timeout)
+            return cls(**options)
         with _env_lock:
             saved = {k: os.environ.pop(k) for k in _ADDRESS_OVERRIDE_ENV_VARS if k in os.environ}
             try:
-                return cls(address=address, headers=auth_headers(token), request_timeout=timeout)
+                return cls(**options)
             finally:
                 os.environ.update(saved)
     except Exception as exc:
@@ -177,23 +262,48 @@ def job_state(client: JobSubmissionClient, submission_id: str) -> RayJobState:
     if details is None:
         raise LaunchError(f"Ray job {submission_id} does not exist on this cluster")
     status = getattr(details.status, "value", details.status)
+    # Ray >= 2.x reports the entrypoint's exit code once the driver has exited.
+    exit_code = getattr(details, "driver_exit_code", None)
     return RayJobState(
-        status=str(status),
-        message=details.message or "",
-        # Ray >= 2.x reports the entrypoint's exit code once the driver has exited.
-        exit_code=getattr(details, "driver_exit_code", None),
+        status=cluster_text.clean(str(status))[:16],
+        message=cluster_text.clean(details.message or ""),
+        # A dashboard that is not Ray's may say anything: only what an int column holds.
+        exit_code=exit_code if isinstance(exit_code, int) and abs(exit_code) < 2**31 else None,
     )
 
 
-def job_logs(client: JobSubmissionClient, submission_id: str, *, tail: int | None = None) -> str:
-    """The job's driver log (its last ``tail`` lines when given)."""
+def _whole_log(client: JobSubmissionClient, submission_id: str) -> str:
     try:
         text = client.get_job_logs(submission_id)
     except Exception as exc:
         raise LaunchError(
             f"Reading the logs of Ray job {submission_id} failed: {_describe(exc)}"
         ) from exc
-    return tail_lines(text, tail)
+    if not isinstance(text, str):
+        raise LaunchError(f"The logs of Ray job {submission_id} are not text")
+    return cluster_text.clean(text)
+
+
+def job_logs(
+    client: JobSubmissionClient,
+    submission_id: str,
+    *,
+    tail: int | None = None,
+    limit: int = LOG_ANSWER_LIMIT,
+) -> str:
+    """The job's driver log (its last ``tail`` lines when given), at most its last ``limit``
+    bytes. The Jobs API answers only with the whole log: one longer than the client's
+    ``log_limit`` raises LaunchError."""
+    text = _whole_log(client, submission_id)
+    return tail_lines(cluster_text.part_of(text, since=None, limit=limit).text, tail)
+
+
+def log_part(
+    client: JobSubmissionClient, submission_id: str, *, since: int | None = None, limit: int
+) -> LogPart:
+    """At most ``limit`` bytes of the job's driver log, from byte ``since`` on when given,
+    else its end (cut from the whole log, the one answer the Jobs API has)."""
+    return cluster_text.part_of(_whole_log(client, submission_id), since=since, limit=limit)
 
 
 def follow_logs(client: JobSubmissionClient, submission_id: str) -> Iterator[str]:
@@ -205,7 +315,7 @@ def follow_logs(client: JobSubmissionClient, submission_id: str) -> Iterator[str
     try:
         while True:
             try:
-                yield loop.run_until_complete(chunks.__anext__())
+                yield cluster_text.clean(loop.run_until_complete(chunks.__anext__()))
             except StopAsyncIteration:
                 return
             except Exception as exc:
@@ -259,6 +369,8 @@ def _job_details(client: JobSubmissionClient, submission_id: str) -> Any | None:
     """The job's JobDetails, or None when the cluster has no such job."""
     try:
         return client.get_job_info(submission_id)
+    except LaunchError:
+        raise  # no answer (or one out of bounds): that says nothing about the job
     except Exception as exc:
         # Ray answers an unknown id with 404, surfaced only as text in a RuntimeError.
         if "404" in str(exc) or "does not exist" in str(exc):
@@ -268,5 +380,5 @@ def _job_details(client: JobSubmissionClient, submission_id: str) -> Any | None:
 
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
-    # Ray's auth errors append a long how-to-configure-tokens paragraph; the first line says it.
-    return text.splitlines()[0] if len(text) > 500 else text
+    # Ray's errors may carry a long paragraph or a whole answer; the first line says it.
+    return text.splitlines()[0][:500] if len(text) > 500 else text

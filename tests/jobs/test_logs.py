@@ -10,7 +10,8 @@ import pytest
 from django.utils import timezone
 
 from config import secrets
-from jobs import following
+from jobs.launchers.base import LogPart
+from jobs.log_archive import log_archive_save
 from jobs.models import JobAttempt
 from tests.jobs.conftest import submit
 
@@ -47,6 +48,11 @@ def attempt(world, template):
     )
 
 
+def whole(text: str) -> LogPart:
+    """A log read whole, as a launcher hands it over (ASCII: one byte per character)."""
+    return LogPart(text=text, start=0, end=len(text))
+
+
 def logs(world, job_id, **params):
     response = world.client("developer").get(f"{WS}jobs/{job_id}/logs/", params)
     assert response.status_code == 200, response.content
@@ -66,16 +72,24 @@ def test_since_returns_only_new_text(world, attempt):
     assert logs(world, attempt.job_id, since=10**9)["logs"] == ""
 
 
-def test_the_archive_answers_once_written_and_keeps_offsets_of_the_whole_log(world, attempt):
-    # A log longer than the archive keeps its tail; offsets still count from the log's start.
-    long = "x" * (following.LOG_ARCHIVE_LIMIT + 5) + "end\n"
-    following._save_log(attempt.pk, long)
+def test_the_archive_answers_once_written_and_keeps_offsets_of_the_whole_log(
+    world, attempt, settings
+):
+    # A log longer than the archive keeps its end, after a line that says what was dropped;
+    # offsets still count from the log's start.
+    settings.MANTA_LOG_ARCHIVE_BYTES = limit = 4096
+    long = "x" * (limit + 5) + "end\n"
+    assert log_archive_save(attempt.pk, whole(long))
     JobAttempt.objects.filter(pk=attempt.pk).update(torn_down_at=timezone.now())
     body = logs(world, attempt.job_id)
     assert body["source"] == "archive" and body["offset"] == len(long)
-    assert len(body["logs"]) == following.LOG_ARCHIVE_LIMIT and body["logs"].endswith("end\n")
+    dropped = (
+        f"[manta: the first 9 bytes of this log were dropped; the archive keeps the last {limit}]\n"
+    )
+    assert body["logs"] == dropped + long[-limit:]
     assert logs(world, attempt.job_id, since=len(long) - 4)["logs"] == "end\n"
-    # Asked from before what is kept: everything kept.
+    assert logs(world, attempt.job_id, tail=1)["logs"] == "x" * (limit - 4) + "end\n"
+    # Asked from before what is kept: everything kept, after the line saying what is not.
     assert logs(world, attempt.job_id, since=0)["logs"] == body["logs"]
 
 
@@ -89,10 +103,10 @@ def test_following_an_ended_attempt_streams_its_archive_from_since(world, attemp
 
 
 def test_a_shorter_log_never_replaces_a_longer_copy(attempt):
-    following._save_log(attempt.pk, "line 0\n")
+    assert not log_archive_save(attempt.pk, whole("line 0\n"))
     attempt.refresh_from_db()
     assert attempt.log_archive == LOG
-    following._save_log(attempt.pk, LOG + "line 10\n")
+    assert log_archive_save(attempt.pk, whole(LOG + "line 10\n"))
     attempt.refresh_from_db()
     assert attempt.log_archive == LOG + "line 10\n" and attempt.log_start == 0
 

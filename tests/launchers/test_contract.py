@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from jobs.launchers import launcher_for, ray_jobs
+from jobs.launchers import cluster_text, launcher_for, ray_jobs
 from jobs.launchers.base import RAY_SUCCEEDED, RAY_TERMINAL, Launcher, LaunchError, LaunchRequest
 from jobs.launchers.local import LocalRayLauncher
 from tests.launchers.kube_stub import KubeStub
@@ -291,6 +291,14 @@ def test_logs_return_the_driver_output(
     assert subject.launcher.logs(handle, tail=1).strip() == "hello from the contract"
     followed = "".join(subject.other_process().follow_logs(handle))
     assert "hello from the contract" in followed
+    # A part of the log knows where it lies in the whole, in bytes; from its end or by range.
+    whole = subject.launcher.log_part(handle, limit=2**20)
+    assert whole.start == 0 and whole.end == cluster_text.width(whole.text)
+    assert whole.text.endswith("hello from the contract\n")
+    end = subject.other_process().log_part(json.loads(json.dumps(handle)), limit=9)
+    assert (end.text, end.start, end.end) == ("contract\n", whole.end - 9, whole.end)
+    middle = subject.launcher.log_part(handle, since=whole.end - 9, limit=4)
+    assert (middle.text, middle.start, middle.end) == ("cont", whole.end - 9, whole.end - 5)
 
 
 def test_submitting_twice_adopts_the_job(subject: Subject) -> None:

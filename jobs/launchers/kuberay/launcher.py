@@ -15,7 +15,8 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from ..base import RAY_FAILED, RAY_TERMINAL, LaunchError, LaunchRequest, RayJobState
+from .. import cluster_text
+from ..base import RAY_FAILED, RAY_TERMINAL, LaunchError, LaunchRequest, LogPart, RayJobState
 from .client import KubeClient
 from .manifest import rayjob_state, render_rayjob
 
@@ -73,8 +74,15 @@ class KubeRayLauncher:
 
     def logs(self, handle: dict[str, Any], *, tail: int | None = None) -> str:
         """The driver log: in K8sJobMode the submitter pod follows the Ray job's logs, so its
-        log is the driver's. Empty until the submitter pod has started."""
-        return self._kube.submitter_log(handle["namespace"], handle["name"], tail=tail)
+        log is the driver's (as long as the kubelet keeps of it: it rotates container logs at
+        its containerLogMaxSize). Empty until the submitter pod has started."""
+        text = self._kube.submitter_log(handle["namespace"], handle["name"], tail=tail)
+        return cluster_text.clean(text)
+
+    def log_part(self, handle: dict[str, Any], *, since: int | None = None, limit: int) -> LogPart:
+        """At most ``limit`` bytes of the submitter pod's log, from byte ``since`` on when
+        given, else its end (the API server answers with the whole log only)."""
+        return cluster_text.part_of(self.logs(handle), since=since, limit=limit)
 
     def follow_logs(self, handle: dict[str, Any]) -> Iterator[str]:
         """The submitter pod's log, polled once a second (Kubernetes streams it too, but the

@@ -2,9 +2,9 @@
 
 It turns a spec into nodes (:meth:`LocalRayLauncher.plan`), asks ``startup`` to bring them up
 (retrying a lost port race, adopting a complete cluster a crashed caller left), submits through
-the Ray Jobs API, and answers status and logs from the dashboard or, where the dashboard cannot
-answer, from the sandbox and the files the head wrote. See the package docstring for what it
-promises.
+the Ray Jobs API, and answers status from the dashboard (or, where it cannot answer, from the
+sandbox) and logs from the driver log the head writes on this host. See the package docstring
+for what it promises.
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import requests
-
-from .. import ray_jobs
-from ..base import RAY_FAILED, RAY_TERMINAL, LaunchError, LaunchRequest, RayJobState
+from .. import dashboard_http, ray_jobs
+from ..base import RAY_FAILED, RAY_TERMINAL, LaunchError, LaunchRequest, LogPart, RayJobState
 from . import disk
 from .handles import KIND, discover_handles, sandbox_of
 from .isolation import (
@@ -35,7 +33,7 @@ from .isolation import (
     host_support,
     sandbox_limits,
 )
-from .logs import driver_log_file, follow_driver_log
+from .logs import driver_log_lines, driver_log_part, follow_driver_log
 from .nodes import heal_workers, nodes_running
 from .processes import DEFAULT_STOP_GRACE, ClusterProcesses, reap, teardown
 from .sandbox import Sandbox
@@ -47,6 +45,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 GIB = 1024**3
+LOG_LIMIT = 2 * 1024**2  # the most logs() reads of a driver log, from its end
 DEFAULT_START_TIMEOUT = 120.0
 START_ATTEMPTS = 3  # a port taken between our check and Ray's bind costs one more attempt
 
@@ -216,18 +215,32 @@ class LocalRayLauncher:
         return state
 
     def logs(self, handle: dict[str, Any], *, tail: int | None = None) -> str:
-        """The driver log from Ray (its last ``tail`` lines when given). When the dashboard
-        cannot answer (a cluster the kernel is OOM-killing, a dead head), the log file the
-        head wrote is read instead, while the cluster's dir exists."""
-        try:
-            return self._with_client(
-                handle, lambda c: ray_jobs.job_logs(c, handle["submission_id"], tail=tail)
-            )
-        except LaunchError:
-            text = driver_log_file(handle)
-            if text is None:
-                raise
-            return ray_jobs.tail_lines(text, tail)
+        """The driver log (its last ``tail`` lines when given), at most its last LOG_LIMIT
+        bytes, read from the file the head writes; from Ray while there is no such file on
+        this host (the dashboard's answer is size-capped)."""
+        if tail is not None:
+            text = driver_log_lines(handle, max(0, tail), limit=LOG_LIMIT)
+        else:
+            part = driver_log_part(handle, since=None, limit=LOG_LIMIT)
+            text = None if part is None else part.text
+        if text is not None:
+            return text
+        return self._with_client(
+            handle,
+            lambda c: ray_jobs.job_logs(c, handle["submission_id"], tail=tail, limit=LOG_LIMIT),
+        )
+
+    def log_part(self, handle: dict[str, Any], *, since: int | None = None, limit: int) -> LogPart:
+        """At most ``limit`` bytes of the driver log file the head writes, by seeking (from
+        ``since``, else from its end); cut from Ray's size-capped answer while there is no
+        such file on this host."""
+        part = driver_log_part(handle, since=since, limit=limit)
+        if part is not None:
+            return part
+        return self._with_client(
+            handle,
+            lambda c: ray_jobs.log_part(c, handle["submission_id"], since=since, limit=limit),
+        )
 
     def follow_logs(self, handle: dict[str, Any]) -> Iterator[str]:
         """The driver log file the head writes on this host, read as it grows, until Ray says
@@ -273,10 +286,12 @@ class LocalRayLauncher:
         if ClusterProcesses(handle).members():
             return True
         try:
-            r = requests.get(f"{handle['dashboard_url']}/api/gcs_healthz", timeout=2)
-            return r.ok
-        except requests.RequestException:
+            answer = dashboard_http.exchange(
+                "GET", f"{handle['dashboard_url']}/api/gcs_healthz", timeout=2, limit=65536
+            )
+        except LaunchError:
             return False
+        return answer.status == 200
 
     def client(self, handle: dict[str, Any]) -> JobSubmissionClient:
         """An authenticated JobSubmissionClient for the cluster (cached per cluster)."""

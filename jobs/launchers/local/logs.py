@@ -1,6 +1,10 @@
 """A local cluster's logs on disk: each node's ``ray start`` output and the session logs of its
-Ray processes (for start-up errors), and the driver log the head writes (read when the dashboard
-cannot answer, and followed as it grows).
+Ray processes (for start-up errors), and the driver log the head writes (the job's log, read
+here rather than through the dashboard, and followed as it grows).
+
+The driver log is the job's to fill: it is only ever read in bounded pieces, from its end or
+from an offset (``seek``), never whole, so a log of any size (a sparse file of a few GB
+included) costs a reader no more than the piece it asked for.
 
 In a sandbox, every name below the cluster's ``s/`` is the tenant's to change and this process
 reads as root: session files are opened without following a link, and only when the node's own
@@ -9,7 +13,6 @@ user owns them.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import os
 import re
@@ -18,7 +21,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import ray_jobs
+from .. import cluster_text, ray_jobs
+from ..base import LogPart
 
 FOLLOW_POLL = 0.2  # seconds between reads at the end of a followed driver log
 FOLLOW_CHUNK = 65536
@@ -106,21 +110,58 @@ def _open_driver_log(handle: dict[str, Any]):
         return _open_session_file(nodes[0], fd, f"job-driver-{handle.get('submission_id')}.log")
 
 
-def driver_log_file(handle: dict[str, Any]) -> str | None:
-    """The driver log the head node keeps on disk (None when there is none)."""
+def _read_range(f, begin: int, end: int) -> bytes:
+    """Bytes ``begin``..``end`` of an open file (fewer when it ends first)."""
+    f.seek(begin)
+    pieces, left = [], end - begin
+    while left > 0:
+        piece = f.read(min(left, FOLLOW_CHUNK))
+        if not piece:
+            break
+        pieces.append(piece)
+        left -= len(piece)
+    return b"".join(pieces)
+
+
+def driver_log_part(handle: dict[str, Any], *, since: int | None, limit: int) -> LogPart | None:
+    """At most ``limit`` bytes of the driver log the head keeps on disk, from byte ``since`` on
+    when given, else its end (None when there is no such file yet)."""
     f = _open_driver_log(handle)
     if f is None:
         return None
     with f:
-        return f.read().decode(errors="replace")
+        size = os.fstat(f.fileno()).st_size
+        return cluster_text.read_part(size, since, limit, lambda a, b: _read_range(f, a, b))
+
+
+def driver_log_lines(handle: dict[str, Any], lines: int, *, limit: int) -> str | None:
+    """The last ``lines`` lines of the driver log on disk, read backwards from its end a chunk
+    at a time until they are all in, but never more than its last ``limit`` bytes (None when
+    there is no such file yet)."""
+    f = _open_driver_log(handle)
+    if f is None:
+        return None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        begin, newlines, pieces = size, 0, []
+        # One newline more than lines: the first line wanted starts after it.
+        while begin > 0 and size - begin < limit and newlines <= lines:
+            step = min(FOLLOW_CHUNK, begin, limit - (size - begin))
+            begin -= step
+            pieces.append(_read_range(f, begin, begin + step))
+            newlines += pieces[-1].count(b"\n")
+    data = b"".join(reversed(pieces))
+    part = cluster_text.read_part(size, begin, len(data), lambda a, b: data[a - begin : b - begin])
+    return ray_jobs.tail_lines(part.text, lines)
 
 
 def follow_driver_log(handle: dict[str, Any], ended: Callable[[], bool]) -> Iterator[str]:
     """The driver log the head writes on this host, from its start, 64 KiB at a time, every
     FOLLOW_POLL seconds at its end (Ray's own tail polls once a second, through two hops).
     ``ended`` is asked at most once a second whether the job is over; once it is, what is left
-    is read and the stream ends."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    is read and the stream ends. The text is clean, and its pieces' widths add up to the bytes
+    read (see ``cluster_text``)."""
+    decoder = cluster_text.LogDecoder()
     log, over, asked = None, False, 0.0
     try:
         while True:
