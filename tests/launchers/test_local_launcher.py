@@ -217,7 +217,7 @@ def test_plan_lists_every_node_and_the_submission() -> None:
     job_spec = spec(
         "python main.py",
         [
-            {"name": "cpu", "replicas": 2, "cpu": 2, "memory_gb": 0.5, "gpu": 0},
+            {"name": "cpu", "replicas": 2, "cpu": 2, "memory_gb": 0.5, "gpu": 0, "disk_gb": 2},
             {"name": "tpu", "replicas": 1, "cpu": 1, "gpu": 1, "resources": {"TPU": 4}},
         ],
     )
@@ -231,6 +231,7 @@ def test_plan_lists_every_node_and_the_submission() -> None:
             "num_cpus": 0,
             "num_gpus": 0,
             "memory_bytes": 1024**3,
+            "disk_bytes": None,  # the sandbox's default
             "resources": {},
         },
         *[
@@ -241,6 +242,7 @@ def test_plan_lists_every_node_and_the_submission() -> None:
                 "num_cpus": 2,
                 "num_gpus": 0,
                 "memory_bytes": 512 * 1024**2,
+                "disk_bytes": 2 * 1024**3,
                 "resources": {},
             }
             for i in range(2)
@@ -252,6 +254,7 @@ def test_plan_lists_every_node_and_the_submission() -> None:
             "num_cpus": 1,
             "num_gpus": 1,
             "memory_bytes": None,
+            "disk_bytes": None,
             "resources": {"TPU": 4},
         },
     ]

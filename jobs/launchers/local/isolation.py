@@ -44,6 +44,7 @@ class SandboxSettings:
     lease_dir: str = "/var/lib/manta/sandbox-leases"  # one pool of uids and GPUs per host
     egress_allow: tuple[str, ...] = ()  # networks an org admin opened for its target
     default_node_disk_bytes: int = 10 * GIB  # the cluster's disk when its limits name none
+    min_node_cpu: float = 1.0  # a node's CPU quota at least: Ray's own processes run on it
 
     @classmethod
     def from_config(cls, config: dict[str, Any] | None) -> SandboxSettings:
@@ -124,20 +125,109 @@ def detect_gpus() -> tuple[str, ...]:
     return tuple(line.strip() for line in out.splitlines() if line.strip())
 
 
+# The inodes of a cluster's disk per GiB of it (ext4's default ratio, 16 KiB a file).
+DISK_INODES_PER_GIB = 65536
+MIN_OBJECT_STORE_BYTES = 100 * MIB
+
+
+def object_store_bytes_for(memory_bytes: int, configured: int | None) -> int:
+    """A node's object store: the target's setting, else 30 % of the node's memory (Ray's own
+    rule), at least 100 MiB."""
+    return configured or max(MIN_OBJECT_STORE_BYTES, int(memory_bytes * 0.3))
+
+
+def enforced_node(
+    settings: SandboxSettings,
+    *,
+    cpu: float,
+    memory_bytes: int | None,
+    disk_bytes: int | None,
+    object_store_bytes: int | None,
+) -> dict[str, Any]:
+    """What a node's sandbox allows it, from its spec in bytes (None: the spec names none):
+    ``cpu`` (its CPU quota: the spec's, at least ``min_node_cpu``), ``memory_bytes`` (the
+    spec's memory or the default, its object store and Ray's overhead, all inside the cluster's
+    memory limit), ``disk_bytes`` (its share of the cluster's disk) and ``object_store_bytes``.
+    The one arithmetic behind both the cgroups (:func:`sandbox_limits`) and what admission
+    reserves (:func:`node_footprint`)."""
+    memory = memory_bytes or settings.default_node_memory_bytes
+    store = object_store_bytes_for(memory, object_store_bytes)
+    return {
+        "cpu": max(float(cpu), float(settings.min_node_cpu)),
+        "memory_bytes": memory + store + settings.node_memory_overhead_bytes,
+        "disk_bytes": disk_bytes or settings.default_node_disk_bytes,
+        "object_store_bytes": store,
+    }
+
+
+def gb_to_bytes(amount: Any) -> int | None:
+    """A spec's GB as bytes, as the launcher reads them (None for none or 0)."""
+    number = float(amount or 0)
+    return int(number * GIB) if number > 0 else None
+
+
+def node_footprint(
+    settings: SandboxSettings, node: dict[str, Any], object_store_bytes: int | None = None
+) -> dict[str, float]:
+    """What the sandbox allows a node of spec ``node`` (a job spec's head or worker group:
+    ``cpu``, ``memory_gb``, ``disk_gb``), and so what admission reserves for it: ``cpu``,
+    ``memory_gb`` and ``disk_gb`` (bytes / 2**30, exact)."""
+    enforced = enforced_node(
+        settings,
+        cpu=float(node.get("cpu") or 0),
+        memory_bytes=gb_to_bytes(node.get("memory_gb")),
+        disk_bytes=gb_to_bytes(node.get("disk_gb")),
+        object_store_bytes=object_store_bytes,
+    )
+    return {
+        "cpu": enforced["cpu"],
+        "memory_gb": enforced["memory_bytes"] / GIB,
+        "disk_gb": enforced["disk_bytes"] / GIB,
+    }
+
+
+def cluster_footprint(
+    settings: SandboxSettings, spec: dict[str, Any], object_store_bytes: int | None = None
+) -> dict[str, float]:
+    """The sum of :func:`node_footprint` over a job spec's head and every worker replica:
+    ``cpu``, ``memory_gb`` and ``disk_gb`` exactly as :func:`sandbox_limits` totals them (a
+    whole number of bytes over 2**30 is a float without rounding, and so are their sums)."""
+    total = dict.fromkeys(("cpu", "memory_gb", "disk_gb"), 0.0)
+    nodes = [(1, spec.get("head") or {})]
+    nodes += [(int(g.get("replicas", 1)), g) for g in spec.get("worker_groups") or []]
+    for replicas, node in nodes:
+        for key, amount in node_footprint(settings, node, object_store_bytes).items():
+            total[key] += replicas * amount
+    return total
+
+
 def sandbox_limits(
     settings: SandboxSettings, nodes: list[dict[str, Any]], object_store_bytes: dict[str, int]
 ) -> dict[str, Any]:
-    """The cgroup limits a cluster of ``nodes`` gets: CPU per node (its spec, at least one CPU
-    for Ray's own processes), memory for the whole cluster (each node's spec, its object store
-    and Ray's overhead), and a process (thread) cap."""
+    """The limits a cluster of ``nodes`` (each with ``name``, ``num_cpus``, ``memory_bytes``
+    and ``disk_bytes``, None where the spec names none) gets, each node as
+    :func:`enforced_node` says: ``cpu`` per node (its cgroup quota), ``memory_bytes`` for the
+    whole cluster, ``pids`` (processes and threads), ``shm_bytes`` (its /dev/shm, which holds
+    the object stores), ``disk_bytes`` and ``inodes`` of the cluster's disk, and ``nodes``:
+    each node's enforced share (``cpu``, ``memory_bytes``, ``disk_bytes``,
+    ``object_store_bytes``)."""
+    enforced = {
+        n["name"]: enforced_node(
+            settings,
+            cpu=n["num_cpus"],
+            memory_bytes=n["memory_bytes"],
+            disk_bytes=n.get("disk_bytes"),
+            object_store_bytes=object_store_bytes[n["name"]],
+        )
+        for n in nodes
+    }
+    disk_bytes = sum(node["disk_bytes"] for node in enforced.values())
     return {
-        "cpu": {n["name"]: max(float(n["num_cpus"]), 1.0) for n in nodes},
-        "memory_bytes": sum(
-            (n["memory_bytes"] or settings.default_node_memory_bytes)
-            + object_store_bytes[n["name"]]
-            + settings.node_memory_overhead_bytes
-            for n in nodes
-        ),
+        "cpu": {name: node["cpu"] for name, node in enforced.items()},
+        "memory_bytes": sum(node["memory_bytes"] for node in enforced.values()),
         "pids": settings.pids_per_node * len(nodes),
         "shm_bytes": sum(object_store_bytes.values()) + 64 * MIB,
+        "disk_bytes": disk_bytes,
+        "inodes": int(disk_bytes / GIB * DISK_INODES_PER_GIB),
+        "nodes": enforced,
     }

@@ -30,6 +30,7 @@ from .isolation import (
     NETWORK_NAT,
     SandboxSettings,
     egress_available,
+    gb_to_bytes,
     host_support,
     sandbox_limits,
 )
@@ -363,6 +364,7 @@ def _node_resources(spec: dict[str, Any], what: str) -> dict[str, Any]:
         "num_gpus": _whole(spec.get("gpu", 0), f"{what} gpu"),
         # None lets Ray size it from the host; 0 would make the node unschedulable for memory.
         "memory_bytes": int(memory_gb * GIB) if memory_gb > 0 else None,
+        "disk_bytes": gb_to_bytes(spec.get("disk_gb")),  # None: the sandbox's default
         "resources": resources,
     }
 
@@ -375,6 +377,8 @@ def _isolation_plan(
         return {"mode": settings.mode, "enforced": "nothing: single-user mode"}
     configured = config.get("object_store_memory_bytes")
     named, stores = sandbox_nodes(settings, nodes, configured and int(configured))
+    limits = sandbox_limits(settings, named, stores)
+    enforced = limits["nodes"]
     return {
         "mode": MODE_SANDBOX,
         "uid_range": list(settings.uid_range),
@@ -384,7 +388,24 @@ def _isolation_plan(
         if egress_available(settings)
         else "none",
         "egress_allow": list(settings.egress_allow),
-        "limits": sandbox_limits(settings, named, stores),
+        "limits": limits,
+        # Each node's share of the limits, in the units admission counts: it reserves their
+        # total for the job (isolation.cluster_footprint, the same arithmetic).
+        "footprint": {
+            "nodes": {
+                name: {
+                    "cpu": node["cpu"],
+                    "memory_gb": node["memory_bytes"] / GIB,
+                    "disk_gb": node["disk_bytes"] / GIB,
+                }
+                for name, node in enforced.items()
+            },
+            "total": {
+                "cpu": sum(node["cpu"] for node in enforced.values()),
+                "memory_gb": limits["memory_bytes"] / GIB,
+                "disk_gb": limits["disk_bytes"] / GIB,
+            },
+        },
         "gpu_inventory": list(settings.gpus),
     }
 

@@ -19,7 +19,7 @@ from .. import ray_jobs
 from ..base import LaunchAbandoned, LaunchError, LaunchRequest
 from . import ports
 from .handles import CLUSTER_DIR_PREFIX, KIND, write_handle
-from .isolation import MODE_SANDBOX, SandboxSettings
+from .isolation import MODE_SANDBOX, SandboxSettings, object_store_bytes_for
 from .logs import PORT_CONFLICT, RAY_STARTED, log_tail, port_conflict, read_end
 from .nodes import node_env, start_node
 from .ports import HEAD_PORTS, LOOPBACK, WORKER_PORTS, sandbox_ports
@@ -177,7 +177,7 @@ def sandbox_nodes(
         for name, node in zip(_node_names(len(nodes)), nodes, strict=True)
     ]
     stores = {
-        node["name"]: object_store_bytes or max(100 * 1024**2, int(node["memory_bytes"] * 0.3))
+        node["name"]: object_store_bytes_for(node["memory_bytes"], object_store_bytes)
         for node in named
     }
     return named, stores
