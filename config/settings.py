@@ -391,15 +391,21 @@ MANTA_LOCAL_NODE_OVERHEAD_GB = _local_number(
 MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB = _local_number(
     "MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB", 2.0, low=0.25, high=4096
 )
+# The writable storage (GB) of a node whose spec names none, on every target; within the spec's
+# bounds for disk_gb (jobs/spec.py MIN_DISK_GB..MAX_DISK_GB).
+MANTA_DEFAULT_NODE_DISK_GB = _local_number("MANTA_DEFAULT_NODE_DISK_GB", 10.0, low=0.1, high=16384)
 MANTA_LOCAL_HIDE_PATHS = env.list("MANTA_LOCAL_HIDE_PATHS", default=[])
 if any(not path.startswith("/") or path.rstrip("/") == "" for path in MANTA_LOCAL_HIDE_PATHS):
     _refuse("MANTA_LOCAL_HIDE_PATHS", "must be absolute paths other than /")
-# What admission may place on this host over all organisations: e.g. "cpu=8,memory_gb=32,gpu=4";
-# a resource not named is this host's, less the reserve kept for the service itself.
+# What admission may place on this host over all organisations: e.g.
+# "cpu=8,memory_gb=32,gpu=4,disk_gb=500"; a resource not named is this host's, less the reserve
+# kept for the service itself (disk: the free space where MANTA_LOCAL_RAY_DIR lies).
 MANTA_LOCAL_CAPACITY = {}
 for _name, _value in env.dict("MANTA_LOCAL_CAPACITY", default={}).items():
-    if _name not in ("cpu", "memory_gb", "gpu"):
-        _refuse("MANTA_LOCAL_CAPACITY", f"unknown resource {_name!r}; use cpu, memory_gb, gpu")
+    if _name not in ("cpu", "memory_gb", "gpu", "disk_gb"):
+        _refuse(
+            "MANTA_LOCAL_CAPACITY", f"unknown resource {_name!r}; use cpu, memory_gb, gpu, disk_gb"
+        )
     try:
         MANTA_LOCAL_CAPACITY[_name] = float(_value)
     except ValueError:
@@ -409,6 +415,9 @@ for _name, _value in env.dict("MANTA_LOCAL_CAPACITY", default={}).items():
 MANTA_LOCAL_RESERVE_CPU = _local_number("MANTA_LOCAL_RESERVE_CPU", 0.0, low=0, high=4096)
 MANTA_LOCAL_RESERVE_MEMORY_GB = _local_number(
     "MANTA_LOCAL_RESERVE_MEMORY_GB", 2.0, low=0, high=1_000_000
+)
+MANTA_LOCAL_RESERVE_DISK_GB = _local_number(
+    "MANTA_LOCAL_RESERVE_DISK_GB", 5.0, low=0, high=1_000_000
 )
 
 # Compute targets are tenant input too (workspaces/api/serializers.py). A `ray` target's address

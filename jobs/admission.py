@@ -54,6 +54,7 @@ PLAN_FIELDS = (
     "requested_cpu",
     "requested_memory_gb",
     "requested_gpu",
+    "requested_disk_gb",
 )
 
 

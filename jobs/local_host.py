@@ -48,13 +48,15 @@ def sandbox_settings() -> SandboxSettings:
         pids_per_node=settings.MANTA_LOCAL_PIDS_PER_NODE,
         node_memory_overhead_bytes=int(settings.MANTA_LOCAL_NODE_OVERHEAD_GB * GIB),
         default_node_memory_bytes=int(settings.MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB * GIB),
+        default_node_disk_bytes=int(settings.MANTA_DEFAULT_NODE_DISK_GB * GIB),
         lease_dir=settings.MANTA_LOCAL_LEASE_DIR,
     )
 
 
 def capacity() -> dict[str, float | None]:
     """What admission may reserve on this host over all organisations (None: no cap; GPUs are
-    logical, and uncapped, when the host has no inventory)."""
+    logical, and uncapped, when the host has no inventory). What MANTA_LOCAL_CAPACITY names,
+    else the host's own, less the reserve kept for the service."""
     configured = settings.MANTA_LOCAL_CAPACITY
     memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
     inventory = gpu_inventory()
@@ -62,11 +64,25 @@ def capacity() -> dict[str, float | None]:
         "cpu": max(0.0, (os.cpu_count() or 1) - settings.MANTA_LOCAL_RESERVE_CPU),
         "memory_gb": max(0.0, round(memory_gb - settings.MANTA_LOCAL_RESERVE_MEMORY_GB, 1)),
         "gpu": float(len(inventory)) if inventory else None,
+        "disk_gb": None if "disk_gb" in configured else free_disk_gb(),
     }
     for name in found:
         if name in configured:
             found[name] = configured[name]
     return found
+
+
+def free_disk_gb() -> float:
+    """The free space (GB) of the filesystem the clusters' disks are made on (where
+    MANTA_LOCAL_RAY_DIR is, or would be), less MANTA_LOCAL_RESERVE_DISK_GB. What a running
+    cluster wrote to its (sparse) disk is gone from the free space and still in its
+    reservation: the bound errs towards refusing, never towards filling the host."""
+    path = os.path.abspath(settings.MANTA_LOCAL_RAY_DIR)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    stats = os.statvfs(path)
+    free_gb = stats.f_bavail * stats.f_frsize / GIB
+    return max(0.0, round(free_gb - settings.MANTA_LOCAL_RESERVE_DISK_GB, 1))
 
 
 def targets_host(workspace: Workspace) -> bool:

@@ -96,6 +96,8 @@ class Job(models.Model):
     requested_cpu = models.FloatField()
     requested_memory_gb = models.FloatField()
     requested_gpu = models.FloatField()
+    # 0 for jobs from before disk counted (and those a previous release writes during a deploy).
+    requested_disk_gb = models.FloatField(default=0, db_default=0)
     priority = models.PositiveSmallIntegerField()
     submitted_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="submitted_jobs"
@@ -139,6 +141,7 @@ class Job(models.Model):
             "cpu": self.requested_cpu,
             "memory_gb": self.requested_memory_gb,
             "gpu": self.requested_gpu,
+            "disk_gb": self.requested_disk_gb,
         }
 
     @property

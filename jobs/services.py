@@ -310,6 +310,7 @@ def job_submit(
         requested_cpu=requested["cpu"],
         requested_memory_gb=requested["memory_gb"],
         requested_gpu=requested["gpu"],
+        requested_disk_gb=requested["disk_gb"],
         priority=spec["priority"],
         submitted_by=actor.user,
         approval_required=bool(reason),

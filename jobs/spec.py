@@ -3,14 +3,16 @@
 A spec is what a template version holds and what a job resolves to (template + overrides)::
 
     {"image", "entrypoint", "runtime_env": {"pip", "env_vars", "working_dir"},
-     "head": {"cpu", "memory_gb", "gpu"},
+     "head": {"cpu", "memory_gb", "gpu", "disk_gb"},
      "worker_groups": [{"name", "replicas", "min_replicas", "max_replicas",
-                        "cpu", "memory_gb", "gpu", "resources"}],
+                        "cpu", "memory_gb", "gpu", "disk_gb", "resources"}],
      "max_runtime_seconds", "max_retries", "priority", "ttl_seconds_after_finished",
      "code": {"source", "ref"}}
 
 Validation is a DRF serializer so every error names its field (``worker_groups.1.name``). The
-image policy needs the organisation: pass it as ``context={"organization": org}``.
+image policy needs the organisation: pass it as ``context={"organization": org}``. A node's
+``disk_gb`` (its writable storage) is filled in with ``MANTA_DEFAULT_NODE_DISK_GB`` when absent,
+so a job keeps the size it was admitted with.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from django.conf import settings
 from packaging.requirements import InvalidRequirement, Requirement
 from rest_framework import serializers
 
@@ -27,6 +30,10 @@ from packages.models import GIT_REF, GIT_REF_RULE, MAX_REF
 MAX_CPU = 512
 MAX_MEMORY_GB = 4096
 MAX_GPU = 64
+# A node's writable storage, GB. Below the minimum Ray cannot keep its session and logs; the
+# default (MANTA_DEFAULT_NODE_DISK_GB) is checked against both bounds at start.
+MIN_DISK_GB = 0.1
+MAX_DISK_GB = 16384
 MAX_REPLICAS = 1000
 MAX_WORKER_GROUPS = 16
 MAX_ENTRYPOINT = 4096
@@ -97,6 +104,12 @@ class NodeSpec(StrictSerializer):
     cpu = _resource_number(MAX_CPU)
     memory_gb = _resource_number(MAX_MEMORY_GB)
     gpu = _resource_number(MAX_GPU, integer=True)
+    disk_gb = serializers.FloatField(
+        min_value=MIN_DISK_GB,
+        max_value=MAX_DISK_GB,
+        required=False,
+        help_text="Writable storage of the node, GB (default: the deployment's, 10 unless set)",
+    )
 
 
 class HeadSpec(NodeSpec):
@@ -306,8 +319,20 @@ class JobSpec(StrictSerializer):
         value = super().to_internal_value(data)
         for key, default in DEFAULTS.items():
             value.setdefault(key, default)
+        value["head"] = _with_disk(value["head"])
+        value["worker_groups"] = [_with_disk(group) for group in value["worker_groups"]]
         value["runtime_env"] = {k: v for k, v in value["runtime_env"].items() if v not in ({}, [])}
         return value
+
+
+def _with_disk(node: dict[str, Any]) -> dict[str, Any]:
+    return {**node, "disk_gb": node_disk_gb(node)}
+
+
+def node_disk_gb(node: dict[str, Any]) -> float:
+    """A node's writable storage: its spec's, or the default (specs stored before disk_gb was a
+    field name none)."""
+    return float(node.get("disk_gb") or settings.MANTA_DEFAULT_NODE_DISK_GB)
 
 
 def validate_spec(data: Any, *, organization: Any) -> dict[str, Any]:
@@ -327,8 +352,9 @@ def _plain(value: Any) -> Any:
 
 def requested_resources(spec: dict[str, Any]) -> dict[str, float]:
     """What the job asks for: the head plus replicas × node spec of every worker group."""
-    total = {key: float(spec["head"].get(key, 0)) for key in ("cpu", "memory_gb", "gpu")}
-    for group in spec["worker_groups"]:
-        for key in total:
-            total[key] += group["replicas"] * float(group.get(key, 0))
+    total = dict.fromkeys(("cpu", "memory_gb", "gpu", "disk_gb"), 0.0)
+    for replicas, node in [(1, spec["head"]), *((g["replicas"], g) for g in spec["worker_groups"])]:
+        for key in ("cpu", "memory_gb", "gpu"):
+            total[key] += replicas * float(node.get(key, 0))
+        total["disk_gb"] += replicas * node_disk_gb(node)
     return {key: round(value, 3) for key, value in total.items()}

@@ -208,6 +208,7 @@ BULK_FIELDS = (
     "requested_cpu",
     "requested_memory_gb",
     "requested_gpu",
+    "requested_disk_gb",
     "queued_at",
     "started_at",
     "finished_at",

@@ -36,6 +36,7 @@ class Usage:
     cpu: float = 0.0
     memory_gb: float = 0.0
     gpu: float = 0.0
+    disk_gb: float = 0.0
     running: int = 0
 
     def add(self, requested: dict[str, float], sign: int = 1) -> None:

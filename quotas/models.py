@@ -2,13 +2,17 @@
 
 A missing limit (``None``) means "no limit of its own": a workspace without ``limit_gpu`` may use
 up to the org's capacity, and an org without capacity rows admits everything.
+
+``disk_gb`` is the writable storage of a job's nodes: on the local target each cluster writes only
+to a disk image of that size, so it is held like CPU and memory. Rows from before it was a
+resource hold 0 of it.
 """
 
 from __future__ import annotations
 
 from django.db import models
 
-RESOURCES = ("cpu", "memory_gb", "gpu")
+RESOURCES = ("cpu", "memory_gb", "gpu", "disk_gb")
 
 
 class QueuePolicy(models.TextChoices):
@@ -25,6 +29,7 @@ class OrgQuota(models.Model):
     cpu = models.FloatField(null=True, blank=True)
     memory_gb = models.FloatField(null=True, blank=True)
     gpu = models.FloatField(null=True, blank=True)
+    disk_gb = models.FloatField(null=True, blank=True)
     max_running_jobs = models.PositiveIntegerField(null=True, blank=True)
     policy = models.CharField(max_length=16, choices=QueuePolicy.choices, default=QueuePolicy.FIFO)
     balanced_max_wait_seconds = models.PositiveIntegerField(default=600)
@@ -50,9 +55,11 @@ class WorkspaceQuota(models.Model):
     guaranteed_cpu = models.FloatField(default=0)
     guaranteed_memory_gb = models.FloatField(default=0)
     guaranteed_gpu = models.FloatField(default=0)
+    guaranteed_disk_gb = models.FloatField(default=0)
     limit_cpu = models.FloatField(null=True, blank=True)
     limit_memory_gb = models.FloatField(null=True, blank=True)
     limit_gpu = models.FloatField(null=True, blank=True)
+    limit_disk_gb = models.FloatField(null=True, blank=True)
     max_running_jobs = models.PositiveIntegerField(null=True, blank=True)
     max_queued_jobs = models.PositiveIntegerField(null=True, blank=True)
     gpu_hours_per_month = models.FloatField(null=True, blank=True)
@@ -84,6 +91,8 @@ class Reservation(models.Model):
     cpu = models.FloatField()
     memory_gb = models.FloatField()
     gpu = models.FloatField()
+    # db_default: a row written by a process of the previous release (during a deploy) holds 0.
+    disk_gb = models.FloatField(default=0, db_default=0)
     # The shared host the job runs on ("local"), whose capacity binds every organisation.
     host = models.CharField(max_length=32, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -10,7 +10,12 @@ from django.db.models import Count, Sum
 from .ledger import EPSILON, Held, Ledger, Usage
 from .models import RESOURCES, OrgQuota, Reservation, WorkspaceQuota
 
-TOTALS = {"cpu": Sum("cpu"), "memory_gb": Sum("memory_gb"), "gpu": Sum("gpu"), "jobs": Count("id")}
+TOTALS = {**{name: Sum(name) for name in RESOURCES}, "jobs": Count("id")}
+
+
+def _usage(totals: dict) -> Usage:
+    """A :class:`Usage` from a row of :data:`TOTALS` (a sum over no rows is None: 0)."""
+    return Usage(**{name: totals[name] or 0 for name in RESOURCES}, running=totals["jobs"])
 
 
 def org_quota(organization) -> OrgQuota:
@@ -57,7 +62,7 @@ def ledger_for(
         .annotate(**TOTALS)
     )
     for row in rows:
-        usage = Usage(row["cpu"] or 0, row["memory_gb"] or 0, row["gpu"] or 0, row["jobs"])
+        usage = _usage(row)
         ws[row["workspace_id"]] = usage
         for name in (*RESOURCES, "running"):
             setattr(org, name, getattr(org, name) + getattr(usage, name))
@@ -69,8 +74,7 @@ def ledger_for(
     }
     host_usage = Usage()
     if on_host:
-        totals = active_reservations().filter(host=host).aggregate(**TOTALS)
-        host_usage = Usage(*(totals[name] or 0 for name in (*RESOURCES, "jobs")))
+        host_usage = _usage(active_reservations().filter(host=host).aggregate(**TOTALS))
     return Ledger(
         host=host_usage,
         host_capacity=host_capacity() if on_host else {},

@@ -20,9 +20,7 @@ from .ledger import Claim
 from .models import RESOURCES, BudgetAlert, OrgQuota, Reservation, WorkspaceQuota
 
 ORG_FIELDS = [
-    "cpu",
-    "memory_gb",
-    "gpu",
+    *RESOURCES,
     "max_running_jobs",
     "policy",
     "balanced_max_wait_seconds",

@@ -559,6 +559,7 @@ class JobFactory(DjangoModelFactory):
     requested_cpu = _requested("cpu")
     requested_memory_gb = _requested("memory_gb")
     requested_gpu = _requested("gpu")
+    requested_disk_gb = _requested("disk_gb")
     priority = factory.LazyAttribute(lambda o: o.spec["priority"])
     submitted_by = member_of_its_workspace()
     approval_required = factory.LazyAttribute(lambda o: o.state == JobState.PENDING_APPROVAL)
@@ -628,6 +629,7 @@ class ReservationFactory(DjangoModelFactory):
     cpu = factory.SelfAttribute("job.requested_cpu")
     memory_gb = factory.SelfAttribute("job.requested_memory_gb")
     gpu = factory.SelfAttribute("job.requested_gpu")
+    disk_gb = factory.SelfAttribute("job.requested_disk_gb")
 
 
 class BudgetAlertFactory(DjangoModelFactory):

@@ -33,4 +33,4 @@ SECRET_KEY = "tests"
 
 # Most tests are about organisations' quotas, not this machine's size: the local host's own
 # capacity does not bind them (tests/quotas/test_host_capacity.py sets it where it matters).
-MANTA_LOCAL_CAPACITY = {"cpu": 1e6, "memory_gb": 1e6}
+MANTA_LOCAL_CAPACITY = {"cpu": 1e6, "memory_gb": 1e6, "disk_gb": 1e6}

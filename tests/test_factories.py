@@ -146,7 +146,7 @@ def test_a_job_belongs_to_its_workspace_and_its_template_is_there_too(db):
     assert job.organization == workspace.organization
     assert job.template_version.template.workspace == workspace
     assert job.template_version.template.latest_version == job.template_version.version == 1
-    assert job.requested == {"cpu": 1.0, "memory_gb": 3.0, "gpu": 0.0}
+    assert job.requested == {"cpu": 1.0, "memory_gb": 3.0, "gpu": 0.0, "disk_gb": 20.0}
     assert job.submitted_by.workspace_memberships.get().workspace == workspace
     adhoc = f.JobFactory(workspace=workspace, adhoc=True)
     assert adhoc.template_version is None and adhoc.spec == job.spec

@@ -42,6 +42,10 @@ def load(**env: str) -> subprocess.CompletedProcess:
         ("MANTA_LOCAL_CAPACITY", "cpus=8", "unknown resource 'cpus'"),
         ("MANTA_LOCAL_CAPACITY", "gpu=-4", "non-negative"),
         ("MANTA_LOCAL_RESERVE_CPU", "-1", "between 0"),
+        ("MANTA_LOCAL_RESERVE_DISK_GB", "-5", "between 0"),
+        ("MANTA_LOCAL_CAPACITY", "disk_gb=-1", "non-negative"),
+        ("MANTA_DEFAULT_NODE_DISK_GB", "-1", "between 0.1 and 16384"),
+        ("MANTA_DEFAULT_NODE_DISK_GB", "20000", "between 0.1 and 16384"),
     ],
 )
 def test_a_bad_local_setting_stops_the_process_naming_it(name, value, rule):
@@ -52,6 +56,6 @@ def test_a_bad_local_setting_stops_the_process_naming_it(name, value, rule):
 
 
 def test_good_local_settings_load():
-    done = load(MANTA_LOCAL_GPUS="0,2,2", MANTA_LOCAL_CAPACITY="cpu=8,gpu=2")
+    done = load(MANTA_LOCAL_GPUS="0,2,2", MANTA_LOCAL_CAPACITY="cpu=8,gpu=2,disk_gb=500")
     assert done.returncode == 0, done.stderr[-800:]
     assert done.stdout.strip() == "('0', '2')"

@@ -388,10 +388,12 @@ def test_job_logs_refuses_unknown_query_parameters(world, template):
 
 # --- PUT and PATCH on the quotas ------------------------------------------------------------------
 
-ORG_QUOTA = {"cpu": 64, "memory_gb": 256, "gpu": 8, "max_running_jobs": 10, "policy": "fair_share",
-             "balanced_max_wait_seconds": 600, "preemption": True}  # fmt: skip
+ORG_QUOTA = {"cpu": 64, "memory_gb": 256, "gpu": 8, "disk_gb": 1000, "max_running_jobs": 10,
+             "policy": "fair_share", "balanced_max_wait_seconds": 600,
+             "preemption": True}  # fmt: skip
 WS_QUOTA = {"guaranteed_cpu": 4, "guaranteed_memory_gb": 16, "guaranteed_gpu": 1,
-            "limit_cpu": 32, "limit_memory_gb": 128, "limit_gpu": 4, "max_running_jobs": 5,
+            "guaranteed_disk_gb": 100, "limit_cpu": 32, "limit_memory_gb": 128, "limit_gpu": 4,
+            "limit_disk_gb": 500, "max_running_jobs": 5,
             "max_queued_jobs": 50, "gpu_hours_per_month": 100,
             "budget_action": "queue"}  # fmt: skip
 

@@ -119,7 +119,7 @@ JOB_OUTPUT = [
             "template_version": 2,
             "spec": COUNTER_SPEC,
             "overrides": {"priority": 7},
-            "requested": {"cpu": 1.0, "memory_gb": 3.0, "gpu": 0.0},
+            "requested": {"cpu": 1.0, "memory_gb": 3.0, "gpu": 0.0, "disk_gb": 20.0},
             "priority": 7,
             "submitted_by": "dev@acme.test",
             "approval_required": True,

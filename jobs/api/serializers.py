@@ -12,6 +12,7 @@ class ResourcesOutput(serializers.Serializer):
     cpu = serializers.FloatField()
     memory_gb = serializers.FloatField()
     gpu = serializers.FloatField()
+    disk_gb = serializers.FloatField()
 
 
 @extend_schema_serializer(examples=examples.TEMPLATE_CREATE_INPUT)

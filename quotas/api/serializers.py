@@ -12,6 +12,9 @@ class OrgQuotaSerializer(StrictModelSerializer):
     cpu = serializers.FloatField(**AMOUNT, help_text="Capacity; null = unlimited")
     memory_gb = serializers.FloatField(**AMOUNT)
     gpu = serializers.FloatField(**AMOUNT)
+    disk_gb = serializers.FloatField(
+        **AMOUNT, help_text="Nodes' writable storage; null = unlimited"
+    )
     updated_at = serializers.DateTimeField(**UPDATED_AT)
 
     class Meta:
@@ -20,6 +23,7 @@ class OrgQuotaSerializer(StrictModelSerializer):
             "cpu",
             "memory_gb",
             "gpu",
+            "disk_gb",
             "max_running_jobs",
             "policy",
             "balanced_max_wait_seconds",
@@ -32,9 +36,11 @@ class WorkspaceQuotaSerializer(StrictModelSerializer):
     guaranteed_cpu = serializers.FloatField(min_value=0, max_value=1_000_000, required=False)
     guaranteed_memory_gb = serializers.FloatField(min_value=0, max_value=1_000_000, required=False)
     guaranteed_gpu = serializers.FloatField(min_value=0, max_value=1_000_000, required=False)
+    guaranteed_disk_gb = serializers.FloatField(min_value=0, max_value=1_000_000, required=False)
     limit_cpu = serializers.FloatField(**AMOUNT, help_text="null = up to the org's capacity")
     limit_memory_gb = serializers.FloatField(**AMOUNT)
     limit_gpu = serializers.FloatField(**AMOUNT)
+    limit_disk_gb = serializers.FloatField(**AMOUNT)
     gpu_hours_per_month = serializers.FloatField(**AMOUNT)
     updated_at = serializers.DateTimeField(**UPDATED_AT)
 
@@ -44,9 +50,11 @@ class WorkspaceQuotaSerializer(StrictModelSerializer):
             "guaranteed_cpu",
             "guaranteed_memory_gb",
             "guaranteed_gpu",
+            "guaranteed_disk_gb",
             "limit_cpu",
             "limit_memory_gb",
             "limit_gpu",
+            "limit_disk_gb",
             "max_running_jobs",
             "max_queued_jobs",
             "gpu_hours_per_month",
@@ -67,6 +75,7 @@ class ResourceAmounts(serializers.Serializer):
     cpu = serializers.FloatField(allow_null=True)
     memory_gb = serializers.FloatField(allow_null=True)
     gpu = serializers.FloatField(allow_null=True)
+    disk_gb = serializers.FloatField(allow_null=True)
 
 
 class UsageOutput(serializers.Serializer):

@@ -34,7 +34,7 @@ def test_a_workspace_runs_templates_only_unless_it_allows_adhoc_jobs(world):
     job = response.json()
     assert (job["template"], job["template_version"], job["name"]) == (None, None, "try-1")
     assert job["state"] == "queued" and job["spec"]["max_runtime_seconds"] > 0
-    assert job["requested"] == {"cpu": 1.0, "memory_gb": 2.0, "gpu": 0.0}
+    assert job["requested"] == {"cpu": 1.0, "memory_gb": 2.0, "gpu": 0.0, "disk_gb": 20.0}
     got = world.client("viewer").get(f"{WS}jobs/{job['id']}/")
     assert got.status_code == 200 and got.json()["template"] is None
 

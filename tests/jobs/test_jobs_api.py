@@ -35,8 +35,8 @@ def test_submit_resolves_spec_and_requested_resources(world, template):
     job = response.json()
     assert job["state"] == "queued"  # auto policy
     assert job["name"] == "big-run" and job["priority"] == 8
-    # head 0 cpu / 2 GB + 3 x (4 cpu, 8 GB) + 2 x (8 cpu, 32 GB, 2 gpu)
-    assert job["requested"] == {"cpu": 28.0, "memory_gb": 90.0, "gpu": 4.0}
+    # head 0 cpu / 2 GB + 3 x (4 cpu, 8 GB) + 2 x (8 cpu, 32 GB, 2 gpu), 10 GB of disk each
+    assert job["requested"] == {"cpu": 28.0, "memory_gb": 90.0, "gpu": 4.0, "disk_gb": 60.0}
     assert job["submitted_by"] == "dev@acme.test"
     assert job["template"] == {"id": template.pk, "name": "counter"}
     types = list(

@@ -91,7 +91,7 @@ def test_usage(world, template):
     world.client("owner").patch(WS_Q, {"guaranteed_cpu": 2, "limit_cpu": 4}, format="json")
     world.client("developer").post(JOBS, {"template": template.pk}, format="json")
     usage = world.client("viewer").get("/api/v1/orgs/acme/workspaces/ml/usage/").json()
-    assert usage["reserved"] == {"cpu": 0.0, "memory_gb": 0.0, "gpu": 0.0}
+    assert usage["reserved"] == {"cpu": 0.0, "memory_gb": 0.0, "gpu": 0.0, "disk_gb": 0.0}
     assert usage["guaranteed"]["cpu"] == 2 and usage["limit"]["cpu"] == 4
     assert usage["queued"] == 1 and usage["running"] == 0
     assert usage["gpu_hours_this_month"] == 0
@@ -106,12 +106,13 @@ CASES = [
          audit="quota.update"),
     Case("ws_usage", "GET", WS + "usage/", WS_VISIBLE),
     Case("org_quota_replace", "PUT", "/api/v1/orgs/{org}/quota/", ORG_ADMINS, ws_scoped=False,
-         body={"cpu": 64, "memory_gb": 256, "gpu": 4, "max_running_jobs": None,
+         body={"cpu": 64, "memory_gb": 256, "gpu": 4, "disk_gb": None, "max_running_jobs": None,
                "policy": "fifo", "balanced_max_wait_seconds": 600, "preemption": False},
          audit="quota.update"),
     Case("ws_quota_replace", "PUT", WS + "quota/", ORG_ADMINS,
          body={"guaranteed_cpu": 0, "guaranteed_memory_gb": 0, "guaranteed_gpu": 0,
-               "limit_cpu": None, "limit_memory_gb": None, "limit_gpu": 2,
+               "guaranteed_disk_gb": 0, "limit_cpu": None, "limit_memory_gb": None,
+               "limit_gpu": 2, "limit_disk_gb": None,
                "max_running_jobs": None, "max_queued_jobs": None,
                "gpu_hours_per_month": None, "budget_action": "refuse"},
          audit="quota.update"),

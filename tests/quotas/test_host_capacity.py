@@ -20,7 +20,8 @@ from workspaces.models import ComputeTarget
 @pytest.fixture
 def four_gpus(settings):
     settings.MANTA_LOCAL_GPUS = ("0", "1", "2", "3")
-    settings.MANTA_LOCAL_CAPACITY = {}
+    # The GPU inventory is what binds here, not this machine's few CPUs, its memory or its disk.
+    settings.MANTA_LOCAL_CAPACITY = {"cpu": 1e6, "memory_gb": 1e6, "disk_gb": 1e6}
     local_host.gpu_inventory.cache_clear()
     yield
     local_host.gpu_inventory.cache_clear()
@@ -37,6 +38,7 @@ def gpu_template(world, workspace):
 
 
 def test_capacity_is_the_hosts_less_the_reserve(settings, four_gpus):
+    settings.MANTA_LOCAL_CAPACITY = {}
     settings.MANTA_LOCAL_RESERVE_CPU = 0.5
     capacity = local_host.capacity()
     assert capacity["cpu"] == (local_host.os.cpu_count() or 1) - 0.5

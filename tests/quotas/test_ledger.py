@@ -21,7 +21,7 @@ class Claim:
 
 
 def cpu(n: float, gpu: float = 0) -> dict[str, float]:
-    return {"cpu": n, "memory_gb": 0.0, "gpu": gpu}
+    return {"cpu": n, "memory_gb": 0.0, "gpu": gpu, "disk_gb": 0.0}
 
 
 def ledger(capacity: float, guarantees: dict[int, float], held: dict[int, float]) -> Ledger:
