@@ -3,8 +3,9 @@ execution layer, then what was left wrong.
 
 Set-up: a PostgreSQL database of its own, a Redis of its own (so it can be stopped), one
 Celery worker with beat (short intervals, as an operator running tight would set them), a
-webhook receiver subscribed to every event, and the local target with room for two 1-CPU
-clusters at a time. Each job runs 12 one-second Ray tasks on its worker node.
+webhook receiver subscribed to every event, and the local target with room for two clusters of
+a 1-CPU worker at a time (4 CPUs: a sandboxed 0-CPU head holds 1). Each job runs 12 one-second
+Ray tasks on its worker node.
 
 Faults, in order, each once the previous one has recovered:
 
@@ -110,7 +111,7 @@ def main() -> None:
         "manta_bench_chaos",
         CELERY_BROKER_URL=redis_server.url,
         **FAST_RECOVERY,
-        MANTA_LOCAL_CAPACITY="cpu=2,memory_gb=64",
+        MANTA_LOCAL_CAPACITY="cpu=4,memory_gb=64",
         WEBHOOK_ALLOWED_NETWORKS="127.0.0.0/8",
         WEBHOOK_ALLOW_HTTP="true",
         LOG_LEVEL="INFO",

@@ -391,6 +391,9 @@ MANTA_LOCAL_NODE_OVERHEAD_GB = _local_number(
 MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB = _local_number(
     "MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB", 2.0, low=0.25, high=4096
 )
+# The CPU quota a sandboxed node gets at least, whatever its spec says (a head with 0 CPUs still
+# runs Ray's own processes); admission reserves the same.
+MANTA_LOCAL_MIN_NODE_CPU = _local_number("MANTA_LOCAL_MIN_NODE_CPU", 1.0, low=0.1, high=64)
 # The writable storage (GB) of a node whose spec names none, on every target; within the spec's
 # bounds for disk_gb (jobs/spec.py MIN_DISK_GB..MAX_DISK_GB).
 MANTA_DEFAULT_NODE_DISK_GB = _local_number("MANTA_DEFAULT_NODE_DISK_GB", 10.0, low=0.1, high=16384)

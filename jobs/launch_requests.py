@@ -111,4 +111,9 @@ def plan_for(job: Job) -> dict[str, Any]:
     if attempt is None:
         attempt = JobAttempt(job=job, number=1, cluster_name=cluster_name_for(job, 1))
     request = launch_request(attempt, target, sign=False)
-    return launcher_for(target.kind, target.config).plan(request)
+    plan = launcher_for(target.kind, target.config).plan(request)
+    footprint = (plan.get("isolation") or {}).get("footprint")
+    if footprint is not None:
+        # Beside what the sandbox allows, what admission reserves for the job: the same.
+        footprint["reserved"] = {name: job.requested[name] for name in footprint["total"]}
+    return plan

@@ -18,7 +18,9 @@ from workspaces.models import ComputeTarget, ComputeTargetKind, Workspace
 
 from .launchers.local.isolation import (
     GIB,
+    MODE_SANDBOX,
     SandboxSettings,
+    cluster_footprint,
     detect_gpus,
     egress_available,
     host_support,
@@ -49,6 +51,7 @@ def sandbox_settings() -> SandboxSettings:
         node_memory_overhead_bytes=int(settings.MANTA_LOCAL_NODE_OVERHEAD_GB * GIB),
         default_node_memory_bytes=int(settings.MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB * GIB),
         default_node_disk_bytes=int(settings.MANTA_DEFAULT_NODE_DISK_GB * GIB),
+        min_node_cpu=settings.MANTA_LOCAL_MIN_NODE_CPU,
         lease_dir=settings.MANTA_LOCAL_LEASE_DIR,
     )
 
@@ -87,6 +90,29 @@ def free_disk_gb() -> float:
 
 def targets_host(workspace: Workspace) -> bool:
     return workspace.pk in workspaces_on_host(workspace.organization_id)
+
+
+def local_target_config(workspace: Workspace) -> dict[str, Any] | None:
+    """The config of the workspace's compute target when it is this host (``{}`` for the
+    built-in one), None when its jobs launch elsewhere: the same rule as
+    :func:`workspaces_on_host`, for one workspace."""
+    target = ComputeTarget.objects.filter(
+        organization_id=workspace.organization_id, name=workspace.compute_target
+    ).first()
+    if target is None:
+        return {} if workspace.compute_target == ComputeTargetKind.LOCAL else None
+    return dict(target.config) if target.kind == ComputeTargetKind.LOCAL else None
+
+
+def sandbox_footprint(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, float] | None:
+    """What the sandboxes of a job of ``spec`` on this host (target ``config``) allow it in
+    all: cpu, memory_gb and disk_gb, the sum of its nodes' (see isolation.cluster_footprint).
+    None when this host does not sandbox its clusters (then it enforces nothing)."""
+    sandbox = sandbox_settings()
+    if sandbox.mode != MODE_SANDBOX:
+        return None
+    store = config.get("object_store_memory_bytes")
+    return cluster_footprint(sandbox, spec, int(store) if store else None)
 
 
 def workspaces_on_host(organization_id: int) -> set[int]:

@@ -92,7 +92,8 @@ class Job(models.Model):
     state = models.CharField(max_length=20, choices=JobState.choices)
     spec = models.JSONField()  # the resolved spec: template version + overrides
     overrides = models.JSONField(default=dict, blank=True)
-    # What quota admission counts: head + Σ replicas × node spec.
+    # What quota admission counts: head + Σ replicas × node spec, or, on the local host's
+    # sandboxes, Σ of what each node's sandbox allows (jobs.services.requested_for).
     requested_cpu = models.FloatField()
     requested_memory_gb = models.FloatField()
     requested_gpu = models.FloatField()

@@ -22,7 +22,7 @@ from workspaces.models import ApprovalPolicy, ComputeTarget, ComputeTargetKind, 
 from . import spec as job_spec
 from .admission import check_submission
 from .local_host import capacity as host_capacity
-from .local_host import targets_host
+from .local_host import local_target_config, sandbox_footprint
 from .models import Job, JobState, JobTemplate, JobTemplateVersion
 from .state import record_event, run_state_hooks, transition
 
@@ -267,8 +267,15 @@ def approval_needed(workspace: Workspace, spec: dict, requested: dict[str, float
     return ""
 
 
-def host_capacity_for(workspace: Workspace) -> dict[str, float | None] | None:
-    return host_capacity() if targets_host(workspace) else None
+def requested_for(workspace: Workspace, spec: dict) -> tuple[dict[str, float], bool]:
+    """What admission reserves for a job of ``spec`` in ``workspace``, and whether it launches
+    on the local host. On the host's sandboxes, exactly what they allow: each node's CPUs (at
+    least MANTA_LOCAL_MIN_NODE_CPU), its memory with its object store and Ray's overhead, its
+    disk. Elsewhere (and unsandboxed), what the spec asks: head + Σ replicas × node."""
+    requested = job_spec.requested_resources(spec)
+    config = local_target_config(workspace)
+    enforced = sandbox_footprint(spec, config) if config is not None else None
+    return {**requested, **(enforced or {})}, config is not None
 
 
 @transaction.atomic
@@ -296,8 +303,8 @@ def job_submit(
         spec = resolve_spec(version, overrides, workspace.organization)
         name = name or template.name
     check_code(workspace, spec)
-    requested = job_spec.requested_resources(spec)
-    check_submission(workspace, requested, spec, host_capacity_for(workspace))
+    requested, on_host = requested_for(workspace, spec)
+    check_submission(workspace, requested, spec, host_capacity() if on_host else None)
     reason = approval_needed(workspace, spec, requested)
     job = Job.objects.create(
         organization=workspace.organization,

@@ -351,7 +351,8 @@ def _plain(value: Any) -> Any:
 
 
 def requested_resources(spec: dict[str, Any]) -> dict[str, float]:
-    """What the job asks for: the head plus replicas × node spec of every worker group."""
+    """What the job asks for: the head plus replicas × node spec of every worker group (where
+    its sandboxes enforce more, admission counts that instead: jobs.services.requested_for)."""
     total = dict.fromkeys(("cpu", "memory_gb", "gpu", "disk_gb"), 0.0)
     for replicas, node in [(1, spec["head"]), *((g["replicas"], g) for g in spec["worker_groups"])]:
         for key in ("cpu", "memory_gb", "gpu"):

@@ -37,7 +37,8 @@ from jobs.models import (
     JobTemplate,
     JobTemplateVersion,
 )
-from jobs.spec import requested_resources, validate_spec
+from jobs.services import requested_for
+from jobs.spec import validate_spec
 from notifications import signing
 from notifications.models import (
     DeliveryState,
@@ -527,7 +528,7 @@ class JobTemplateVersionFactory(DjangoModelFactory):
 
 
 def _requested(resource: str):
-    return factory.LazyAttribute(lambda o: requested_resources(o.spec)[resource])
+    return factory.LazyAttribute(lambda o: o.requested[resource])
 
 
 class JobFactory(DjangoModelFactory):
@@ -539,6 +540,8 @@ class JobFactory(DjangoModelFactory):
 
     class Params:
         adhoc = factory.Trait(template_version=None)
+        # What the submission would reserve: on the local host's sandboxes, what they allow.
+        requested = factory.LazyAttribute(lambda o: requested_for(o.workspace, o.spec)[0])
 
     workspace = factory.SubFactory(WorkspaceFactory)
     organization = factory.SelfAttribute("workspace.organization")

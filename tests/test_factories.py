@@ -146,7 +146,11 @@ def test_a_job_belongs_to_its_workspace_and_its_template_is_there_too(db):
     assert job.organization == workspace.organization
     assert job.template_version.template.workspace == workspace
     assert job.template_version.template.latest_version == job.template_version.version == 1
-    assert job.requested == {"cpu": 1.0, "memory_gb": 3.0, "gpu": 0.0, "disk_gb": 20.0}
+    # what the submission would reserve on the local host's sandboxes: the counter's 0-CPU head
+    # gets 1, each node its memory + 30 % object store + 1 GiB of Ray's own, 10 GB of disk
+    assert job.requested == pytest.approx(
+        {"cpu": 2.0, "memory_gb": (2 + 0.6 + 1) + (1 + 0.3 + 1), "gpu": 0.0, "disk_gb": 20.0}
+    )
     assert job.submitted_by.workspace_memberships.get().workspace == workspace
     adhoc = f.JobFactory(workspace=workspace, adhoc=True)
     assert adhoc.template_version is None and adhoc.spec == job.spec

@@ -44,6 +44,7 @@ def load(**env: str) -> subprocess.CompletedProcess:
         ("MANTA_LOCAL_RESERVE_CPU", "-1", "between 0"),
         ("MANTA_LOCAL_RESERVE_DISK_GB", "-5", "between 0"),
         ("MANTA_LOCAL_CAPACITY", "disk_gb=-1", "non-negative"),
+        ("MANTA_LOCAL_MIN_NODE_CPU", "0", "between 0.1"),
         ("MANTA_DEFAULT_NODE_DISK_GB", "-1", "between 0.1 and 16384"),
         ("MANTA_DEFAULT_NODE_DISK_GB", "20000", "between 0.1 and 16384"),
     ],

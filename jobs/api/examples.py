@@ -119,7 +119,9 @@ JOB_OUTPUT = [
             "template_version": 2,
             "spec": COUNTER_SPEC,
             "overrides": {"priority": 7},
-            "requested": {"cpu": 1.0, "memory_gb": 3.0, "gpu": 0.0, "disk_gb": 20.0},
+            # on the local host's sandboxes: what they allow (each node at least 1 CPU, its
+            # memory + 30 % object store + 1 GiB of Ray's own, 10 GB of disk)
+            "requested": {"cpu": 2.0, "memory_gb": 5.9, "gpu": 0.0, "disk_gb": 20.0},
             "priority": 7,
             "submitted_by": "dev@acme.test",
             "approval_required": True,

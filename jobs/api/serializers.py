@@ -9,6 +9,8 @@ from workspaces.models import ComputeTargetKind
 
 
 class ResourcesOutput(serializers.Serializer):
+    """What admission holds for the job (on the local host's sandboxes: what they allow)."""
+
     cpu = serializers.FloatField()
     memory_gb = serializers.FloatField()
     gpu = serializers.FloatField()

@@ -20,8 +20,9 @@ from tests.e2e.test_launch import WS, marker_entrypoint, py, runs
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
 TERMINAL = {"succeeded", "failed", "cancelled", "rejected"}
-# Two 1-CPU clusters at a time: a third job waits in the queue for the host's capacity.
-CAPACITY = "cpu=2,memory_gb=64"
+# Two clusters of a 1-CPU worker and a 0-CPU head at a time (each holds 2 CPUs: its sandboxes
+# give the head 1): a third job waits in the queue for the host's capacity.
+CAPACITY = "cpu=4,memory_gb=64,disk_gb=1000"
 
 
 @pytest.fixture
@@ -62,7 +63,8 @@ def test_everything_killed_at_once_recovers_every_job(
 ):
     world = build_world()
     dev, admin = world.tokens["developer"], world.tokens["ws_admin"]
-    policy = {"approval_policy": "threshold", "approval_thresholds": {"memory_gb": 2.5}}
+    # 1 GB nodes hold 4.6 GB of the sandbox's memory, the 3 GB worker's job 7.2: only it waits.
+    policy = {"approval_policy": "threshold", "approval_thresholds": {"memory_gb": 6}}
     call(api, world.tokens["org_admin"], "PATCH", WS, policy, expect=200)  # the org's setting
 
     def template(entrypoint: str, memory_gb: float = 1) -> int:

@@ -34,7 +34,11 @@ def test_a_workspace_runs_templates_only_unless_it_allows_adhoc_jobs(world):
     job = response.json()
     assert (job["template"], job["template_version"], job["name"]) == (None, None, "try-1")
     assert job["state"] == "queued" and job["spec"]["max_runtime_seconds"] > 0
-    assert job["requested"] == {"cpu": 1.0, "memory_gb": 2.0, "gpu": 0.0, "disk_gb": 20.0}
+    # What its sandboxes allow on the local host: per node at least 1 CPU, its memory + 30 %
+    # object store + 1 GiB of Ray's own, 10 GB of disk.
+    assert job["requested"] == pytest.approx(
+        {"cpu": 2.0, "memory_gb": 2 * (1 + 0.3 + 1), "gpu": 0.0, "disk_gb": 20.0}
+    )
     got = world.client("viewer").get(f"{WS}jobs/{job['id']}/")
     assert got.status_code == 200 and got.json()["template"] is None
 

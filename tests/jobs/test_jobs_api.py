@@ -35,8 +35,17 @@ def test_submit_resolves_spec_and_requested_resources(world, template):
     job = response.json()
     assert job["state"] == "queued"  # auto policy
     assert job["name"] == "big-run" and job["priority"] == 8
-    # head 0 cpu / 2 GB + 3 x (4 cpu, 8 GB) + 2 x (8 cpu, 32 GB, 2 gpu), 10 GB of disk each
-    assert job["requested"] == {"cpu": 28.0, "memory_gb": 90.0, "gpu": 4.0, "disk_gb": 60.0}
+    # head 0 cpu / 2 GB + 3 x (4 cpu, 8 GB) + 2 x (8 cpu, 32 GB, 2 gpu), as the local host's
+    # sandboxes enforce it: each node at least 1 CPU, its memory + 30 % object store + 1 GiB of
+    # Ray's own, the default 10 GB of disk
+    assert job["requested"] == pytest.approx(
+        {
+            "cpu": 1 + 3 * 4 + 2 * 8,
+            "memory_gb": (2 + 0.6 + 1) + 3 * (8 + 2.4 + 1) + 2 * (32 + 9.6 + 1),
+            "gpu": 4.0,
+            "disk_gb": 6 * 10.0,
+        }
+    )
     assert job["submitted_by"] == "dev@acme.test"
     assert job["template"] == {"id": template.pk, "name": "counter"}
     types = list(

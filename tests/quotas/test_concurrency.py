@@ -23,7 +23,7 @@ def test_200_submissions_against_a_quota_that_fits_10():
     WorkspaceQuota.objects.create(workspace=world.ws, limit_cpu=10)
     template = job_services.template_create(
         actor=Actor.for_user(world.users["owner"]), workspace=world.ws, name="one-cpu",
-        spec=counter_spec(worker_groups=[{"name": "w", "replicas": 1, "cpu": 1, "memory_gb": 1}]),
+        spec=counter_spec(head={"cpu": 1, "memory_gb": 1}, worker_groups=[]),  # 1 CPU in all
     ).template  # fmt: skip
     developer = Actor.for_user(world.users["developer"])
     errors, done = [], threading.Event()

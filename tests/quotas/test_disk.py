@@ -1,5 +1,6 @@
-"""Disk is a resource: each node's disk_gb is in the spec (a default where it names none), and
-admission holds it against workspace limits, org capacity and the local host's free space."""
+"""Disk is a resource: each node's disk_gb is in the spec (a default where it names none),
+admission holds it against workspace limits, org capacity and the local host's free space, and
+on the local host's sandboxes a job reserves exactly what they allow it: CPU, memory and disk."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import pytest
 
 from audit.context import Actor
-from jobs import admission, local_host
+from jobs import admission, launch_requests, local_host
 from jobs import services as job_services
 from jobs.launchers.local.isolation import GIB
 from jobs.models import Job
@@ -16,6 +17,7 @@ from jobs.spec import MAX_DISK_GB, validate_spec
 from quotas.models import OrgQuota, Reservation, WorkspaceQuota
 from tests.conftest import SYSTEM
 from tests.jobs.conftest import counter_spec
+from workspaces.models import ComputeTarget
 
 JOBS = "/api/v1/orgs/acme/workspaces/ml/jobs/"
 TEMPLATES = "/api/v1/orgs/acme/workspaces/ml/templates/"
@@ -93,6 +95,67 @@ def test_a_negative_or_too_large_disk_is_a_400_naming_it(world, sized, nodes, fi
     assert response.status_code == 400, response.content
     assert f"overrides.{field}" in response.json()["errors"], response.json()
     assert not Job.objects.exists()
+
+
+# --- what a job reserves -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("object_store", [None, 200 * 1024**2])
+def test_a_sandboxed_local_job_reserves_exactly_what_its_sandbox_allows(world, sized, object_store):
+    if object_store:
+        config = {"object_store_memory_bytes": object_store}
+        ComputeTarget.objects.create(
+            organization=world.org, name="local", kind="local", config=config
+        )
+    job = submit(world, sized)
+    assert admission.admit(world.org.pk) == [job.pk]
+    held = Reservation.objects.get(job=job)
+    isolation = launch_requests.plan_for(job)["isolation"]
+    limits = isolation["limits"]
+
+    # To the byte: the cgroups' CPUs and memory, the disk image's size.
+    assert held.cpu == sum(limits["cpu"].values()) == 1 + 2 * 1 + 3  # the head's 0 is 1
+    assert held.memory_gb * GIB == limits["memory_bytes"]
+    assert held.disk_gb * GIB == limits["disk_bytes"] == (10 + 2 * 4 + 30) * GIB
+    assert held.gpu == 0
+    store = object_store or int(2 * GIB * 0.3)
+    assert limits["nodes"]["h"]["memory_bytes"] == 2 * GIB + store + GIB
+    # The plan shows each node's footprint and that their total is the reservation.
+    footprint = isolation["footprint"]
+    assert (
+        footprint["total"]
+        == footprint["reserved"]
+        == {
+            "cpu": held.cpu,
+            "memory_gb": held.memory_gb,
+            "disk_gb": held.disk_gb,
+        }
+    )
+    assert footprint["nodes"]["h"]["cpu"] == 1.0
+    assert set(footprint["nodes"]) == {"h", "w0", "w1", "w2"}
+
+
+def test_the_operators_minimum_cpu_is_what_a_small_node_reserves(world, sized, settings):
+    settings.MANTA_LOCAL_MIN_NODE_CPU = 0.5
+    job = submit(world, sized)
+    assert job.requested["cpu"] == 0.5 + 2 * 1 + 3
+    limits = launch_requests.plan_for(job)["isolation"]["limits"]
+    assert sum(limits["cpu"].values()) == job.requested["cpu"]
+
+
+@pytest.mark.parametrize("where", ["ray", "unsandboxed"])
+def test_elsewhere_a_job_reserves_what_its_spec_asks(world, sized, settings, where):
+    if where == "ray":
+        ComputeTarget.objects.create(
+            organization=world.org, name="shared", kind="ray", config={"address": "http://ray:8265"}
+        )
+        world.ws.compute_target = "shared"
+        world.ws.save(update_fields=["compute_target"])
+    else:
+        settings.MANTA_LOCAL_ISOLATION = "off"
+    job = submit(world, sized)
+    # head 0 CPU / 2 GB / 10 GB disk (the default) + 2 x (1, 1, 4) + (3, 6, 30)
+    assert job.requested == {"cpu": 5.0, "memory_gb": 10.0, "gpu": 0.0, "disk_gb": 48.0}
 
 
 # --- admission ---------------------------------------------------------------------------------

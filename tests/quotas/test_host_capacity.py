@@ -20,7 +20,8 @@ from workspaces.models import ComputeTarget
 @pytest.fixture
 def four_gpus(settings):
     settings.MANTA_LOCAL_GPUS = ("0", "1", "2", "3")
-    # The GPU inventory is what binds here, not this machine's few CPUs, its memory or its disk.
+    # The GPU inventory is what binds here, not this machine's few CPUs (each sandboxed node
+    # holds at least one), its memory or its disk.
     settings.MANTA_LOCAL_CAPACITY = {"cpu": 1e6, "memory_gb": 1e6, "disk_gb": 1e6}
     local_host.gpu_inventory.cache_clear()
     yield

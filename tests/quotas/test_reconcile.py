@@ -12,7 +12,8 @@ HEALTHY = {"orphan_reservations": 0, "missing_reservations": 0, "over_capacity":
 
 
 def test_healthy_after_admission(world, template):
-    OrgQuota.objects.create(organization=world.org, cpu=4)
+    # A counter job holds 2 CPUs of its sandboxes (the 0-CPU head's quota is 1): room for 3.
+    OrgQuota.objects.create(organization=world.org, cpu=6)
     for _ in range(3):
         world.client("developer").post("/api/v1/orgs/acme/workspaces/ml/jobs/",
                                        {"template": template.pk}, format="json")  # fmt: skip
@@ -21,8 +22,8 @@ def test_healthy_after_admission(world, template):
 
 
 def test_drift_is_found_and_exported(world, template, caplog):
-    OrgQuota.objects.create(organization=world.org, cpu=1)
-    WorkspaceQuota.objects.create(workspace=world.ws, limit_cpu=1)
+    OrgQuota.objects.create(organization=world.org, cpu=2)  # one counter job (2 CPUs)
+    WorkspaceQuota.objects.create(workspace=world.ws, limit_cpu=2)
     ids = [world.client("developer").post("/api/v1/orgs/acme/workspaces/ml/jobs/",
                                           {"template": template.pk}, format="json").json()["id"]
            for _ in range(3)]  # fmt: skip
