@@ -48,6 +48,31 @@ def test_ray_target_token_is_encrypted_and_never_returned(world):
         ({"name": "x", "kind": "kuberay", "config": {}}, "config.kubeconfig"),
         ({"name": "x", "kind": "local", "config": {"work_dir": "/etc"}}, "config.work_dir"),
         ({"name": "Bad Name", "kind": "local"}, "name"),
+        # egress: the metadata service, loopback, everything, and beyond the operator's bounds
+        (
+            {"name": "x", "kind": "local", "config": {"egress_allow": ["169.254.169.254"]}},
+            "config.egress_allow",
+        ),
+        (
+            {"name": "x", "kind": "local", "config": {"egress_allow": ["127.0.0.1/32"]}},
+            "config.egress_allow",
+        ),
+        (
+            {"name": "x", "kind": "local", "config": {"egress_allow": ["0.0.0.0/0"]}},
+            "config.egress_allow",
+        ),
+        (
+            {"name": "x", "kind": "local", "config": {"egress_allow": ["8.8.8.0/24"]}},
+            "config.egress_allow",
+        ),
+        (
+            {"name": "x", "kind": "local", "config": {"egress_allow": ["mirror.corp"]}},
+            "config.egress_allow",
+        ),
+        (
+            {"name": "x", "kind": "local", "config": {"egress_allow": "10.0.0.0/8"}},
+            "config.egress_allow",
+        ),
     ],
 )
 def test_target_rules(world, body, field):
@@ -55,6 +80,16 @@ def test_target_rules(world, body, field):
     assert response.status_code == 400, response.content
     assert field in response.json()["errors"], response.json()
     assert not ComputeTarget.objects.exists()
+
+
+def test_an_egress_allow_list_reaches_the_launch_plan_and_the_sandbox(world, template):
+    body = {"name": "local", "kind": "local", "config": {"egress_allow": ["10.213.0.0/24"]}}
+    response = world.client("org_admin").post(TARGETS, body, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["config"]["egress_allow"] == ["10.213.0.0/24"]
+    job = submit(world, template)
+    plan = world.client("developer").get(f"{WS}jobs/{job.pk}/launch-plan/").json()
+    assert plan["isolation"]["egress_allow"] == ["10.213.0.0/24"]
 
 
 def test_only_org_admins_manage_targets(world):

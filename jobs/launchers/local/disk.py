@@ -20,12 +20,11 @@ import subprocess
 from typing import Any
 
 from ..base import LaunchError
-from .isolation import GIB, SYSTEM_PATH
+from .isolation import DISK_INODES_PER_GIB, GIB, SYSTEM_PATH
 
 logger = logging.getLogger(__name__)
 
 IMAGE = "disk.img"
-INODES_PER_GIB = 65536
 MIN_INODES = 4096
 # Free space below which a disk counts as full (ext4 keeps a little for its own metadata).
 FULL_BYTES = 4 * 1024**2
@@ -36,7 +35,7 @@ def create(cluster_dir: str, mount_point: str, *, size_bytes: int, inodes: int, 
     """Make the image, mount it on ``mount_point`` and give its root to ``owner`` (mode 0700).
     Returns the disk's state; LaunchError when the host cannot make it."""
     image = os.path.join(cluster_dir, IMAGE)
-    inodes = max(MIN_INODES, inodes or int(size_bytes / GIB * INODES_PER_GIB))
+    inodes = max(MIN_INODES, inodes or int(size_bytes / GIB * DISK_INODES_PER_GIB))
     state = {"image": image, "mount": mount_point, "bytes": int(size_bytes), "inodes": inodes}
     try:
         with open(image, "wb") as f:

@@ -117,8 +117,8 @@ class Sandbox:
             state["disk"] = disk.create(
                 cluster_dir,
                 writable,
-                size_bytes=limits.get("disk_bytes") or settings.default_node_disk_bytes,
-                inodes=limits.get("inodes") or 0,
+                size_bytes=limits["disk_bytes"],
+                inodes=limits["inodes"],
                 owner=uid,
             )
             sandbox.cgroups = Cgroups.create(
