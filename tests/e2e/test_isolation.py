@@ -9,6 +9,7 @@ must succeed, and after both nothing of either cluster may be left on the host.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import socket
@@ -21,8 +22,10 @@ import pytest
 
 from audit.context import Actor
 from config import secrets
+from jobs.launchers.local.leases import uids_holding_keys
 from jobs.models import Job, JobAttempt
 from tests.e2e.conftest import cluster_processes
+from tests.e2e.servers import Api
 from tests.e2e.test_launch import (
     TERMINAL,
     WS,
@@ -32,6 +35,7 @@ from tests.e2e.test_launch import (
     wait_for,
     world,  # noqa: F401  (fixture)
 )
+from tests.netns import private_host
 from workspaces import services as ws_services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
@@ -40,9 +44,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 PROBE = r"""
 import glob, json, os, signal, socket, sys, time
 
+reports = []
+
 def report(name, escaped, detail=""):
     verdict = "ESCAPED " if escaped else "BLOCKED "
-    print(verdict + name + (": " + detail if detail else ""), flush=True)
+    reports.append(verdict + name + (": " + detail if detail else ""))
+    print(reports[-1], flush=True)
 
 secrets_seen = []
 for path in glob.glob("/proc/[0-9]*/environ"):
@@ -105,6 +112,80 @@ for path in ["/etc/manta-escape", "/usr/manta-escape", "/var/lib/manta-escape",
 open("/tmp/" + MARK, "w").write("x")  # the sandbox's private /tmp: never the host's
 report("write_outside", bool(written), ", ".join(written))
 
+# The kernel's surface: nested user namespaces, keyrings, bpf, perf, userfaultfd, AIO, io_uring,
+# mounts, the clocks. Each must fail with EPERM (or ENOSYS), not merely with bad arguments.
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+for call, number, args in [
+    ("unshare_userns", 272, (0x10000000,)),
+    ("add_key", 248, (b"user", b"manta", b"stolen", 6, -4)),
+    ("keyctl", 250, (0, -4, 0)),
+    ("bpf", 321, (0, 0, 0)),
+    ("perf_event_open", 298, (0, 0, -1, -1, 0)),
+    ("userfaultfd", 323, (0,)),
+    ("io_setup", 206, (1, 0)),
+    ("io_uring_setup", 425, (1, 0)),
+    ("mount", 165, (b"none", b"/tmp", b"tmpfs", 0, 0)),
+    ("clock_settime", 227, (0, 0)),
+]:
+    result = libc.syscall(number, *args)
+    code = ctypes.get_errno()
+    report("syscall_" + call, result != -1 or code not in (errno.EPERM, errno.ENOSYS),
+           errno.errorcode.get(code, str(code)))
+
+ptys = os.listdir("/dev/pts")
+report("host_ptys", any(name.isdigit() for name in ptys), ", ".join(ptys[:8]))
+held = []
+try:
+    for _ in range(400):
+        held.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+    report("pty_cap", True, str(len(held)) + " ptys")
+except OSError as exc:
+    report("pty_cap", False, str(len(held)) + " ptys, then " + exc.strerror)
+for fd in held:
+    os.close(fd)
+
+groups = os.listdir("/sys/fs/cgroup") if os.path.isdir("/sys/fs/cgroup") else []
+own = open("/proc/self/cgroup").read()
+report("cgroups_visible", bool(groups) or "manta" in own, " ".join(groups[:5]) + own[:200])
+
+# Private, link-local and metadata addresses through the NAT: the egress policy refuses them.
+for host, port in [(TEST_HOST, 8080), ("169.254.169.254", 80)]:
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            report(f"egress_{host}", True)
+    except OSError as exc:
+        report(f"egress_{host}", False, type(exc).__name__)
+
+# The host's disk: the cluster writes to its own, and fills only that.
+home = os.environ["HOME"]
+disk = os.statvfs(home)
+written = 0
+try:
+    with open(os.path.join(home, "fill"), "wb") as f:
+        while written < 4 * 1024**3:
+            f.write(b"x" * (1 << 20))
+            f.flush()
+            written += 1 << 20
+    report("disk_unbounded", True, f"wrote {written >> 20} MiB")
+except OSError as exc:
+    report("disk_unbounded", False, f"{exc.strerror} after {written >> 20} MiB of a "
+           f"{disk.f_blocks * disk.f_frsize >> 20} MiB disk")
+os.unlink(os.path.join(home, "fill"))
+
+# What the control plane reads back: a log file made 768 MiB long without using the disk
+# (sparse), then a NUL and invalid UTF-8.
+driver_log = os.readlink("/proc/self/fd/1")
+if driver_log.startswith("/"):
+    os.truncate(driver_log, 768 * 1024**2)
+    print("sparse log of", os.stat(driver_log).st_size, "bytes", flush=True)
+    # The archive keeps the log's end, which is now mostly the hole: say it all again.
+    print("\n".join(reports), flush=True)
+print("a NUL \x00 and invalid UTF-8 follow", flush=True)
+sys.stdout.buffer.write(b"\xff\xfe\xc0 end\n")
+sys.stdout.flush()
+time.sleep(4)  # a log save and a logs/ read happen meanwhile
+
 children = []
 try:
     for _ in range(3000):
@@ -135,11 +216,63 @@ while True:
     print("allocated", len(chunks) * 256, "MiB", flush=True)
 """
 
-BENIGN = py(
-    "import ray, time; ray.init(); "
-    "print('acme sum', sum(ray.get([ray.remote(lambda i: i * i).remote(i) for i in range(20)]))); "
-    "time.sleep(12); print('acme done')"
-)
+
+def benign(url: str) -> str:
+    """acme's job: some Ray work, and a fetch from the private host its admin allow-listed."""
+    return py(
+        "import ray, time, urllib.request; ray.init(); "
+        "square = ray.remote(lambda i: i * i); "
+        "print('acme sum', sum(ray.get([square.remote(i) for i in range(20)]))); "
+        f"print('acme fetched', urllib.request.urlopen('{url}', timeout=10).read().decode()); "
+        "time.sleep(12); print('acme done')"
+    )
+
+
+def peak_rss_mib(root: int) -> float:
+    """The largest peak resident size (VmHWM) among ``root`` and its descendants, in MiB."""
+    peak = 0.0
+    for pid in [root, *descendants(root)]:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        peak = max(peak, int(line.split()[1]) / 1024)
+        except OSError:
+            continue
+    return peak
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def loop_mounts_under(path: str) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(path)]
+
+
+def files_of_uid(path: str, uid: int) -> list[str]:
+    found = []
+    for directory, dirs, files in os.walk(path):
+        for name in dirs + files:
+            full = os.path.join(directory, name)
+            with contextlib.suppress(OSError):
+                if os.lstat(full).st_uid == uid:
+                    found.append(full)
+    return found
 
 
 def probe_entrypoint(**values: object) -> str:
@@ -166,14 +299,37 @@ def processes_of_uid(uid: int) -> list[int]:
     return found
 
 
-def test_a_hostile_job_reaches_nothing_while_its_neighbour_runs(world, ray_work_dir):  # noqa: F811
-    api = socket.socket()  # stands for the API: a service on the host's loopback
-    api.bind(("127.0.0.1", 0))
-    api.listen()
-    api_port = api.getsockname()[1]
-    mark = f"manta-escape-{uuid.uuid4().hex}"
+def test_a_hostile_job_reaches_nothing_while_its_neighbour_runs(
+    world,  # noqa: F811
+    worker,
+    ray_work_dir,
+    tmp_path,
+):
+    with contextlib.ExitStack() as stack:
+        host = stack.enter_context(private_host())
+        api = Api(worker.env, tmp_path / "api.log")
+        api.start()
+        stack.callback(api.stop)
+        hostile_job_beside_a_neighbour(world, worker, ray_work_dir, host, api)
 
-    acme_template = make_template(world, entrypoint=BENIGN)
+
+def hostile_job_beside_a_neighbour(world, worker, ray_work_dir, host, api):  # noqa: F811
+    loopback = socket.socket()  # stands for a service on the host's loopback
+    loopback.bind(("127.0.0.1", 0))
+    loopback.listen()
+    api_port = loopback.getsockname()[1]
+    mark = f"manta-escape-{uuid.uuid4().hex}"
+    disk_before = os.statvfs(ray_work_dir)
+    worker_peak_before = peak_rss_mib(worker.proc.pid)
+
+    # acme's admin opens the private test host to acme's jobs, and to no one else's.
+    response = world.client("org_admin").post(
+        "/api/v1/orgs/acme/compute-targets/",
+        {"name": "local", "kind": "local", "config": {"egress_allow": [f"{host.address}/32"]}},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    acme_template = make_template(world, entrypoint=benign(host.url))
     acme_job = submit(world, acme_template)
     wait_for(acme_job, {"running"})
     acme_attempt = JobAttempt.objects.get(job_id=acme_job)
@@ -194,9 +350,10 @@ def test_a_hostile_job_reaches_nothing_while_its_neighbour_runs(world, ray_work_
             OTHER_DIR=acme_dir,
             PROJECT=str(Path(__file__).resolve().parents[2]),
             MARK=mark,
+            TEST_HOST=host.address,
         ),
-        "head": {"cpu": 0, "memory_gb": 1},
-        "worker_groups": [{"name": "w", "replicas": 1, "cpu": 1, "memory_gb": 1}],
+        "head": {"cpu": 0, "memory_gb": 1, "disk_gb": 1},
+        "worker_groups": [{"name": "w", "replicas": 1, "cpu": 1, "memory_gb": 1, "disk_gb": 1}],
         "max_runtime_seconds": 300,
     }
     response = globex.post(base + "templates/", body, format="json")
@@ -205,7 +362,16 @@ def test_a_hostile_job_reaches_nothing_while_its_neighbour_runs(world, ray_work_
     assert response.status_code == 201, response.content
     probe_job = response.json()["id"]
 
-    probe = wait_for(probe_job, TERMINAL, timeout=300)
+    # While it runs, the tenant's own logs/ through the API: read in bounded chunks, whatever
+    # the log file claims to hold.
+    api_answers = []
+    deadline = time.monotonic() + 300
+    while Job.objects.get(pk=probe_job).state not in TERMINAL and time.monotonic() < deadline:
+        answer = api.call(world.tokens["foreign"], "GET", f"{base}jobs/{probe_job}/logs/?tail=20")
+        api_answers.append(answer.status_code)
+        time.sleep(1)
+    assert set(api_answers) <= {200}, api_answers
+    probe = wait_for(probe_job, TERMINAL, timeout=30)
     attempt = JobAttempt.objects.get(job_id=probe_job)
     log = attempt.log_archive
     assert log, (probe.state, probe.failure_reason, probe.message)
@@ -220,28 +386,50 @@ def test_a_hostile_job_reaches_nothing_while_its_neighbour_runs(world, ray_work_
         f"connect_127.0.0.1_{api_port}",
         "other_cluster_dir",
         "write_outside",
+        "syscall_unshare_userns",
+        "syscall_add_key",
+        "syscall_keyctl",
+        "syscall_bpf",
+        "syscall_perf_event_open",
+        "syscall_userfaultfd",
+        "syscall_io_setup",
+        "syscall_io_uring_setup",
+        "syscall_mount",
+        "syscall_clock_settime",
+        "host_ptys",
+        "pty_cap",
+        "cgroups_visible",
+        f"egress_{host.address}",
+        "egress_169.254.169.254",
+        "disk_unbounded",
         "fork_cap",
     }, log[-4000:]
+    assert "No space left on device" in log
+    # The hole is in the archive as U+FFFD, cut to its last MANTA_LOG_ARCHIVE_BYTES and marked.
+    assert log.startswith("[manta: the first ") and "sparse log of 805306368 bytes" in log
+    assert "\x00" not in log and "a NUL \ufffd and invalid UTF-8 follow" in log
     assert "detached process left" in log
     # The memory it asked for ran out: the kernel killed it and the attempt says so.
     assert "allocated" in log
     assert (probe.state, probe.failure_reason) == ("failed", "oom_killed"), probe.message
     assert attempt.failure_reason == "oom_killed"
     assert attempt.isolation["mode"] == "sandbox"
-    assert set(attempt.isolation["namespaces"]) >= {"pid", "mount", "ipc", "net"}
+    assert set(attempt.isolation["namespaces"]) >= {"pid", "mount", "ipc", "net", "cgroup"}
     uid = sandbox_uid(attempt)
     assert uid != os.getuid() and uid >= 1000
 
-    # Its neighbour was not disturbed.
+    # Its neighbour was not disturbed, and reached what its admin allow-listed.
     acme = wait_for(acme_job, TERMINAL)
     assert acme.state == "succeeded", (acme.failure_reason, acme.message)
     acme_attempt.refresh_from_db()
     assert "acme sum 2470" in acme_attempt.log_archive
+    assert f"acme fetched {host.answer}" in acme_attempt.log_archive
     assert sandbox_uid(acme_attempt) != uid
 
-    # Nothing is left: no process of either cluster (the detached one included), no directory.
+    # Nothing is left: no process of either cluster (the detached one included), no directory,
+    # no disk, nothing the uid owns or holds in the kernel; the host's disk is as it was.
     assert not os.path.exists(f"/tmp/{mark}")
-    api.close()
+    loopback.close()
     deadline = time.monotonic() + 30
     for done in (attempt, acme_attempt):
         handle = secrets.decrypt_json(done.handle_encrypted)
@@ -254,9 +442,23 @@ def test_a_hostile_job_reaches_nothing_while_its_neighbour_runs(world, ray_work_
         assert cluster_processes(handle["temp_dir"]) == []
         assert processes_of_uid(sandbox_uid(done)) == []
         assert not os.path.exists(handle["temp_dir"])
+    assert loop_mounts_under(ray_work_dir) == []
+    assert files_of_uid(ray_work_dir, uid) == []
+    assert uid not in uids_holding_keys()
+    disk_after = os.statvfs(ray_work_dir)
+    grown = (disk_before.f_bavail - disk_after.f_bavail) * disk_after.f_frsize
+    assert grown < 512 * 1024**2, f"the host's disk lost {grown >> 20} MiB"
+    # The control plane read the 768 MiB log in bounded pieces: neither the worker nor the
+    # API grew by anything like it.
+    worker_growth = peak_rss_mib(worker.proc.pid) - worker_peak_before
+    api_peak = peak_rss_mib(api.proc.pid)
+    print(f"worker peak grew {worker_growth:.0f} MiB; API peak {api_peak:.0f} MiB")
+    assert worker_growth < 400, worker_growth
+    assert api_peak < 600, api_peak
     assert Job.objects.get(pk=acme_job).state == "succeeded"
     # and the job's detail shows what it was confined to
     detail = world.client("viewer").get(f"{WS}jobs/{acme_job}/").json()
     isolation = detail["attempts"][0]["isolation"]
     assert isolation["mode"] == "sandbox" and isolation["limits"]["memory_bytes"] > 0
+    assert isolation["egress"].startswith("public internet only")
     assert json.dumps(isolation)  # plain JSON

@@ -131,6 +131,28 @@ def test_a_one_cpu_worker_gets_one_cpu_and_no_ray_port_reaches_the_host(
     assert 0.6 < share < 1.25, share
     assert handle["isolation"]["limits"]["cpu"] == {"h": 1.0, "w0": 1.0}
 
+    # Every process of the cluster runs under the seccomp filter, with no_new_privs and no
+    # capability; slirp4netns, outside the namespaces, is counted in the cluster's cgroups and
+    # runs under a filter of its own.
+    sandbox = handle["sandbox"]
+    tenant = [
+        (pid, status)
+        for pid in cgroups.pids() - {sandbox["slirp_pid"]}
+        if (status := _status(pid)).get("Uid", "").split()[:1] == [str(sandbox["uid"])]
+    ]
+    assert len(tenant) > 10  # Ray's processes, the driver and the four spinners
+    for pid, status in tenant:
+        assert status["Seccomp"] == "2" and status["NoNewPrivs"] == "1", (pid, status)
+        assert int(status["CapEff"], 16) == 0, (pid, status)
+    assert sandbox["slirp_pid"] in cgroups.pids()
+    assert _status(sandbox["slirp_pid"])["Seccomp"] == "2"
+    assert os.readlink(f"/proc/{sandbox['slirp_pid']}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+
+
+def _status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
 
 @pytest.mark.ray
 def test_gpus_from_the_inventory_are_leased_disjointly_and_freed(tmp_path) -> None:
