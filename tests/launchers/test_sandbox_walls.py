@@ -242,3 +242,31 @@ def test_a_uid_that_holds_kernel_keys_is_never_handed_out(tmp_path) -> None:
     release_uid(leases, uid, "cluster-a")
     assert str(uid) not in leases.held("uid")
     assert take_uid(leases, SandboxSettings(uid_range=(uid, uid)), "cluster-b") == uid
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a loop device")
+def test_a_cluster_that_filled_its_disk_fails_disk_full(cluster_dir) -> None:
+    """Ray stops answering (or says FAILED) once its disk is full: the attempt says why."""
+    from jobs.launchers.local import LocalRayLauncher
+    from jobs.launchers.local.sandbox import process_start_time
+
+    mount_point = os.path.join(cluster_dir, "s")
+    state = disk.create(cluster_dir, mount_point, size_bytes=64 * MIB, inodes=0, owner=65534)
+    assert _fill(mount_point, 65534, files=False) == "ENOSPC"
+    handle = {
+        "cluster_name": "full",
+        "submission_id": "full",
+        "temp_dir": cluster_dir,
+        "dashboard_url": "http://127.0.0.1:9",  # nothing answers: as a Ray that died of it
+        "token": "t",
+        "nodes": [],
+        "sandbox": {
+            "init_pid": os.getpid(),
+            "init_start": process_start_time(os.getpid()),
+            "cgroups": {"version": 1, "dirs": [], "nodes": {}},
+            "disk": state,
+        },
+    }
+    status = LocalRayLauncher().status(handle)
+    assert (status.status, status.reason) == ("FAILED", "disk_full")
+    assert "the cluster's disk is full (0.0625 GiB" in status.message

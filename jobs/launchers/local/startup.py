@@ -4,6 +4,7 @@ abandoned on the way is torn down before the error is raised."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -13,9 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import requests
-
-from .. import ray_jobs
+from .. import dashboard_http, ray_jobs
 from ..base import LaunchAbandoned, LaunchError, LaunchRequest
 from . import ports
 from .handles import CLUSTER_DIR_PREFIX, KIND, write_handle
@@ -220,16 +219,20 @@ def wait_for_nodes(
         if abandon is not None:
             abandon.check()
         try:
-            r = requests.get(url, headers=headers, params={"limit": 10000}, timeout=5)
-            if r.ok:
+            # A cluster adopted after a crash may already run the tenant's code, which may
+            # have replaced the dashboard: a bounded exchange, like every other call.
+            answer = dashboard_http.exchange(
+                "GET", url + "?limit=10000", headers=headers, timeout=5
+            )
+            if answer.status == 200:
                 if not answered:
                     answered = True
                     logger.debug("%s: dashboard answers", handle["cluster_name"])
-                listed = r.json()["data"]["result"]["result"]
+                listed = json.loads(answer.body)["data"]["result"]["result"]
                 alive = sum(1 for n in listed if n.get("state") == "ALIVE")
                 if alive >= expected:
                     return
-        except (requests.RequestException, ValueError, KeyError, TypeError):
+        except (LaunchError, ValueError, KeyError, TypeError, AttributeError):
             pass  # the dashboard is still starting
         if time.monotonic() >= deadline:
             raise LaunchError(
