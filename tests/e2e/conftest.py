@@ -103,6 +103,11 @@ def start_worker(
         # the code packages this process's API stores, where the worker reads them
         "MANTA_PACKAGE_STORAGE_OPTIONS": json.dumps(settings.STORAGES["packages"]["OPTIONS"]),
         "PYTHONUNBUFFERED": "1",
+        # A sandboxed node reserves what its cgroups allow (a 0-CPU head one CPU, a disk of
+        # MANTA_DEFAULT_NODE_DISK_GB), so on a 2-core machine this host would hold one test
+        # cluster at a time. The host's capacity is not what these tests are about
+        # (tests/quotas/test_host_capacity.py and tests/e2e/test_crash.py set it where it is).
+        "MANTA_LOCAL_CAPACITY": "cpu=64,memory_gb=256,disk_gb=4096",
         **extra_env,
     }
     proc = Worker(env, var / "worker.log")
