@@ -462,3 +462,118 @@ def hostile_job_beside_a_neighbour(world, worker, ray_work_dir, host, api):  # n
     assert isolation["mode"] == "sandbox" and isolation["limits"]["memory_bytes"] > 0
     assert isolation["egress"].startswith("public internet only")
     assert json.dumps(isolation)  # plain JSON
+
+
+# Runs in globex's cluster: it stops `ray start` (so nothing restarts or reacts), kills its own
+# dashboard, listens on its port and answers Manta in turn with a redirect to a service on the
+# host's loopback, a drip of one byte every half second, and 100 MiB.
+IMPOSTOR = r"""
+import os, signal, socket, threading, time
+def ours(word):
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if word in open(f"/proc/{pid}/cmdline", "rb").read():
+                    found.append(int(pid))
+            except OSError:
+                pass
+    return found
+for pid in ours(b"\x00start\x00--block"):  # `ray start --block`, this sandbox's own
+    os.kill(pid, signal.SIGSTOP)
+for pid in ours(b"dashboard/dashboard.py"):
+    os.kill(pid, signal.SIGKILL)
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+for _ in range(100):
+    try:
+        server.bind(("127.0.0.1", 8265))
+        break
+    except OSError:
+        time.sleep(0.1)
+server.listen(16)
+print("impostor listening", flush=True)
+def answer(conn, turn):
+    try:
+        request = conn.recv(65536).split(b"\r\n", 1)[0].decode(errors="replace")
+        print("impostor turn", turn, request, flush=True)
+        if turn % 3 == 0:
+            conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:RECORDER/steal\r\n"
+                         b"Content-Length: 0\r\n\r\n")
+        elif turn % 3 == 1:
+            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 100:
+                conn.sendall(bytes([byte]))
+                time.sleep(0.5)
+        else:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n")
+            for _ in range(100):
+                conn.sendall(b"x" * (1 << 20))
+    except OSError:
+        pass
+    finally:
+        conn.close()
+turn = 0
+while True:
+    conn, _ = server.accept()
+    threading.Thread(target=answer, args=(conn, turn), daemon=True).start()
+    turn += 1
+"""
+
+
+def test_a_job_that_replaces_its_dashboard_gets_nothing_from_manta(
+    world,  # noqa: F811
+    worker,
+    ray_work_dir,
+):
+    recorder = socket.socket()  # a service on the host's loopback the impostor points Manta at
+    recorder.bind(("127.0.0.1", 0))
+    recorder.listen()
+    recorder.setblocking(False)
+    code = IMPOSTOR.replace("RECORDER", str(recorder.getsockname()[1]))
+    encoded = base64.b64encode(zlib.compress(code.encode(), 9)).decode()
+    template = make_template(
+        world,
+        entrypoint=py(f"import base64, zlib; exec(zlib.decompress(base64.b64decode('{encoded}')))"),
+        head={"cpu": 1, "memory_gb": 1, "disk_gb": 1},
+        worker_groups=[],
+        max_runtime_seconds=600,
+    )
+    job_id = submit(world, template)
+    # The impostor may take the port before Manta ever hears RUNNING: either way it is lost.
+    wait_for(job_id, {"running", *TERMINAL})
+    deadline = time.monotonic() + 60
+    while "impostor listening" not in world.client("developer").get(
+        f"{WS}jobs/{job_id}/logs/"
+    ).json().get("logs", ""):
+        assert time.monotonic() < deadline, "the impostor never started"
+        time.sleep(1)
+
+    # logs/ reads the head's log file, not the impostor: it answers at once.
+    started = time.monotonic()
+    answer = world.client("developer").get(f"{WS}jobs/{job_id}/logs/?tail=5")
+    assert answer.status_code == 200 and time.monotonic() - started < 3
+    worker_before = peak_rss_mib(worker.proc.pid)
+
+    # Manta cannot tell what its cluster does any more: it loses it, within the bound each
+    # status read has (30 s), and tears it down.
+    job = wait_for(job_id, TERMINAL, timeout=240)
+    assert (job.state, job.failure_reason) == ("failed", "cluster_lost"), job.message
+    with pytest.raises(BlockingIOError):
+        recorder.accept()  # the redirect was never followed
+    recorder.close()
+    attempt = JobAttempt.objects.get(job_id=job_id)
+    # Manta did ask the impostor, and got the redirect and the drip (at least) for an answer.
+    assert "impostor turn 0 GET /api/" in attempt.log_archive, attempt.log_archive[-2000:]
+    assert "impostor turn 1 " in attempt.log_archive, attempt.log_archive[-2000:]
+    assert peak_rss_mib(worker.proc.pid) - worker_before < 200  # the 100 MiB were not read
+    handle = secrets.decrypt_json(attempt.handle_encrypted)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (
+        cluster_processes(handle["temp_dir"])
+        or processes_of_uid(sandbox_uid(attempt))
+        or os.path.exists(handle["temp_dir"])
+    ):
+        time.sleep(0.5)
+    assert cluster_processes(handle["temp_dir"]) == []
+    assert processes_of_uid(sandbox_uid(attempt)) == []
+    assert loop_mounts_under(ray_work_dir) == []
