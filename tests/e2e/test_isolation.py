@@ -376,6 +376,7 @@ def hostile_job_beside_a_neighbour(world, worker, ray_work_dir, host, api):  # n
     log = attempt.log_archive
     assert log, (probe.state, probe.failure_reason, probe.message)
     results = [line for line in log.splitlines() if line.startswith(("BLOCKED", "ESCAPED"))]
+    print("\n".join(dict.fromkeys(results)))
     assert not [line for line in results if line.startswith("ESCAPED")], log[-4000:]
     names = {line.split()[1].rstrip(":") for line in results}
     assert names >= {
@@ -448,6 +449,9 @@ def hostile_job_beside_a_neighbour(world, worker, ray_work_dir, host, api):  # n
     disk_after = os.statvfs(ray_work_dir)
     grown = (disk_before.f_bavail - disk_after.f_bavail) * disk_after.f_frsize
     assert grown < 512 * 1024**2, f"the host's disk lost {grown >> 20} MiB"
+    inodes = disk_before.f_favail - disk_after.f_favail
+    assert inodes < 10_000, f"the host's filesystem lost {inodes} inodes"
+    print(f"the host's disk: {grown >> 20} MiB and {inodes} inodes fewer free after both jobs")
     # The control plane read the 768 MiB log in bounded pieces: neither the worker nor the
     # API grew by anything like it.
     worker_growth = peak_rss_mib(worker.proc.pid) - worker_peak_before
