@@ -137,30 +137,33 @@ STORAGES = {
         ),
     },
 }
+
+
+# Settings read as numbers are checked at start, so a typo or a value out of range stops every
+# process naming the setting, instead of turning a bound off.
+def _refuse(name: str, rule: str):
+    raise ImproperlyConfigured(f"{name}: {rule}")
+
+
+def _number(name: str, default: float, *, low: float, high: float, kind=float):
+    try:
+        value = (env.int if kind is int else env.float)(name, default=default)
+    except ValueError:
+        _refuse(name, f"must be a {'whole ' if kind is int else ''}number")
+    if not low <= value <= high:
+        _refuse(name, f"must be between {low:,.10g} and {high:,.10g}, not {value:,.10g}")
+    return value
+
+
 MANTA_PACKAGE_MAX_BYTES = env.int("MANTA_PACKAGE_MAX_BYTES", default=100 * 1024**2)
 MANTA_PACKAGE_MAX_UNPACKED_BYTES = env.int("MANTA_PACKAGE_MAX_UNPACKED_BYTES", default=1024**3)
 MANTA_PACKAGE_RETENTION_DAYS = env.int("MANTA_PACKAGE_RETENTION_DAYS", default=30)
 
 
 # What one workspace's packages may add up to (GiB) and how many it may hold: without a bound a
-# tenant could fill the shared package storage at upload speed. Checked at start, like the
-# MANTA_LOCAL_* settings, so a typo cannot turn the bound off.
-def _package_limit(name: str, default: float, *, low: float, high: float, kind=float):
-    try:
-        value = (env.int if kind is int else env.float)(name, default=default)
-    except ValueError:
-        raise ImproperlyConfigured(
-            f"{name}: must be a {'whole ' if kind is int else ''}number"
-        ) from None
-    if not low <= value <= high:
-        raise ImproperlyConfigured(f"{name}: must be between {low:g} and {high:,}, not {value:g}")
-    return value
-
-
-MANTA_PACKAGE_STORAGE_GB = _package_limit(
-    "MANTA_PACKAGE_STORAGE_GB", 5.0, low=0.001, high=1_000_000
-)
-MANTA_PACKAGE_STORAGE_COUNT = _package_limit(
+# tenant could fill the shared package storage at upload speed.
+MANTA_PACKAGE_STORAGE_GB = _number("MANTA_PACKAGE_STORAGE_GB", 5.0, low=0.001, high=1_000_000)
+MANTA_PACKAGE_STORAGE_COUNT = _number(
     "MANTA_PACKAGE_STORAGE_COUNT", 500, low=1, high=10_000_000, kind=int
 )
 # Clusters that download code themselves (kuberay) get a URL valid this long: presigned by object
@@ -322,22 +325,9 @@ if not 4096 <= MANTA_LOG_ARCHIVE_BYTES <= 256 * 1024**2:
     raise ImproperlyConfigured("MANTA_LOG_ARCHIVE_BYTES: must be between 4096 and 268435456")
 
 
-# The `local` target's isolation (jobs/launchers/sandbox.py) and capacity (jobs/local_host.py):
-# operator settings, checked here so a bad value stops every process at start, naming itself.
-def _refuse(name: str, rule: str):
-    raise ImproperlyConfigured(f"{name}: {rule}")
-
-
-def _local_number(name: str, default: float, *, low: float, high: float, kind=float):
-    try:
-        value = (env.int if kind is int else env.float)(name, default=default)
-    except ValueError:
-        _refuse(name, f"must be a {'whole ' if kind is int else ''}number")
-    if not low <= value <= high:
-        _refuse(name, f"must be between {low:g} and {high:g}, not {value:g}")
-    return value
-
-
+# The `local` target's isolation (jobs/launchers/local/sandbox.py) and capacity
+# (jobs/local_host.py): operator settings, checked here so a bad value stops every process at
+# start, naming itself.
 # "sandbox": every cluster in its own uid, namespaces and cgroups (needs root, util-linux);
 # "off": single-user mode, nodes run as the worker's user and see the whole host.
 MANTA_LOCAL_ISOLATION = env.str("MANTA_LOCAL_ISOLATION", default="sandbox")
@@ -382,21 +372,19 @@ elif all(part.strip().isdigit() for part in _gpus.split(",") if part.strip()):
     MANTA_LOCAL_GPUS = tuple(dict.fromkeys(p.strip() for p in _gpus.split(",") if p.strip()))
 else:
     _refuse("MANTA_LOCAL_GPUS", "must be 'auto', a count or device indices such as 0,1,2,3")
-MANTA_LOCAL_PIDS_PER_NODE = _local_number(
+MANTA_LOCAL_PIDS_PER_NODE = _number(
     "MANTA_LOCAL_PIDS_PER_NODE", 1024, low=64, high=1_000_000, kind=int
 )
-MANTA_LOCAL_NODE_OVERHEAD_GB = _local_number(
-    "MANTA_LOCAL_NODE_OVERHEAD_GB", 1.0, low=0.25, high=1024
-)
-MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB = _local_number(
+MANTA_LOCAL_NODE_OVERHEAD_GB = _number("MANTA_LOCAL_NODE_OVERHEAD_GB", 1.0, low=0.25, high=1024)
+MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB = _number(
     "MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB", 2.0, low=0.25, high=4096
 )
 # The CPU quota a sandboxed node gets at least, whatever its spec says (a head with 0 CPUs still
 # runs Ray's own processes); admission reserves the same.
-MANTA_LOCAL_MIN_NODE_CPU = _local_number("MANTA_LOCAL_MIN_NODE_CPU", 1.0, low=0.1, high=64)
+MANTA_LOCAL_MIN_NODE_CPU = _number("MANTA_LOCAL_MIN_NODE_CPU", 1.0, low=0.1, high=64)
 # The writable storage (GB) of a node whose spec names none, on every target; within the spec's
 # bounds for disk_gb (jobs/spec.py MIN_DISK_GB..MAX_DISK_GB).
-MANTA_DEFAULT_NODE_DISK_GB = _local_number("MANTA_DEFAULT_NODE_DISK_GB", 10.0, low=0.1, high=16384)
+MANTA_DEFAULT_NODE_DISK_GB = _number("MANTA_DEFAULT_NODE_DISK_GB", 10.0, low=0.1, high=16384)
 MANTA_LOCAL_HIDE_PATHS = env.list("MANTA_LOCAL_HIDE_PATHS", default=[])
 if any(not path.startswith("/") or path.rstrip("/") == "" for path in MANTA_LOCAL_HIDE_PATHS):
     _refuse("MANTA_LOCAL_HIDE_PATHS", "must be absolute paths other than /")
@@ -415,13 +403,9 @@ for _name, _value in env.dict("MANTA_LOCAL_CAPACITY", default={}).items():
         _refuse("MANTA_LOCAL_CAPACITY", f"{_name} must be a number, not {_value!r}")
     if not 0 <= MANTA_LOCAL_CAPACITY[_name] < 1e9:
         _refuse("MANTA_LOCAL_CAPACITY", f"{_name} must be a non-negative number")
-MANTA_LOCAL_RESERVE_CPU = _local_number("MANTA_LOCAL_RESERVE_CPU", 0.0, low=0, high=4096)
-MANTA_LOCAL_RESERVE_MEMORY_GB = _local_number(
-    "MANTA_LOCAL_RESERVE_MEMORY_GB", 2.0, low=0, high=1_000_000
-)
-MANTA_LOCAL_RESERVE_DISK_GB = _local_number(
-    "MANTA_LOCAL_RESERVE_DISK_GB", 5.0, low=0, high=1_000_000
-)
+MANTA_LOCAL_RESERVE_CPU = _number("MANTA_LOCAL_RESERVE_CPU", 0.0, low=0, high=4096)
+MANTA_LOCAL_RESERVE_MEMORY_GB = _number("MANTA_LOCAL_RESERVE_MEMORY_GB", 2.0, low=0, high=1_000_000)
+MANTA_LOCAL_RESERVE_DISK_GB = _number("MANTA_LOCAL_RESERVE_DISK_GB", 5.0, low=0, high=1_000_000)
 
 # Compute targets are tenant input too (workspaces/api/serializers.py). A `ray` target's address
 # must be public unless it lies in one of these networks (the compose file lists its own);

@@ -45,8 +45,15 @@ def load(**env: str) -> subprocess.CompletedProcess:
         ("MANTA_LOCAL_RESERVE_DISK_GB", "-5", "between 0"),
         ("MANTA_LOCAL_CAPACITY", "disk_gb=-1", "non-negative"),
         ("MANTA_LOCAL_MIN_NODE_CPU", "0", "between 0.1"),
-        ("MANTA_DEFAULT_NODE_DISK_GB", "-1", "between 0.1 and 16384"),
-        ("MANTA_DEFAULT_NODE_DISK_GB", "20000", "between 0.1 and 16384"),
+        ("MANTA_DEFAULT_NODE_DISK_GB", "-1", "between 0.1 and 16,384"),
+        ("MANTA_DEFAULT_NODE_DISK_GB", "20000", "between 0.1 and 16,384"),
+        ("MANTA_LOCAL_EGRESS_ALLOWABLE", "10.0.0.0/8,mirror.corp", "must list CIDR networks"),
+        ("MANTA_LOCAL_LEASE_DIR", "relative/leases", "absolute path"),
+        ("MANTA_PACKAGE_STORAGE_GB", "lots", "must be a number"),
+        ("MANTA_PACKAGE_STORAGE_GB", "-5", "must be between 0.001 and 1,000,000"),
+        ("MANTA_PACKAGE_STORAGE_GB", "nan", "must be a number"),
+        ("MANTA_PACKAGE_STORAGE_COUNT", "-1", "must be between 1 and"),
+        ("MANTA_PACKAGE_STORAGE_COUNT", "2.5", "must be a whole number"),
     ],
 )
 def test_a_bad_local_setting_stops_the_process_naming_it(name, value, rule):
