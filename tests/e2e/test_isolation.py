@@ -259,6 +259,22 @@ def descendants(root: int) -> list[int]:
     return found
 
 
+def assert_gone(attempt: JobAttempt, within: float = 30) -> None:
+    """Within ``within`` seconds, no process of the attempt's cluster or of its uid, and no
+    cluster directory, is left."""
+    handle = secrets.decrypt_json(attempt.handle_encrypted)
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and (
+        cluster_processes(handle["temp_dir"])
+        or processes_of_uid(sandbox_uid(attempt))
+        or os.path.exists(handle["temp_dir"])
+    ):
+        time.sleep(0.5)
+    assert cluster_processes(handle["temp_dir"]) == []
+    assert processes_of_uid(sandbox_uid(attempt)) == []
+    assert not os.path.exists(handle["temp_dir"])
+
+
 def loop_mounts_under(path: str) -> list[str]:
     with open("/proc/self/mountinfo") as f:
         return [line.split()[4] for line in f if line.split()[4].startswith(path)]
@@ -431,18 +447,8 @@ def hostile_job_beside_a_neighbour(world, worker, ray_work_dir, host, api):  # n
     # no disk, nothing the uid owns or holds in the kernel; the host's disk is as it was.
     assert not os.path.exists(f"/tmp/{mark}")
     loopback.close()
-    deadline = time.monotonic() + 30
     for done in (attempt, acme_attempt):
-        handle = secrets.decrypt_json(done.handle_encrypted)
-        while time.monotonic() < deadline and (
-            cluster_processes(handle["temp_dir"])
-            or processes_of_uid(sandbox_uid(done))
-            or os.path.exists(handle["temp_dir"])
-        ):
-            time.sleep(0.5)
-        assert cluster_processes(handle["temp_dir"]) == []
-        assert processes_of_uid(sandbox_uid(done)) == []
-        assert not os.path.exists(handle["temp_dir"])
+        assert_gone(done)
     assert loop_mounts_under(ray_work_dir) == []
     assert files_of_uid(ray_work_dir, uid) == []
     assert uid not in uids_holding_keys()
@@ -570,14 +576,5 @@ def test_a_job_that_replaces_its_dashboard_gets_nothing_from_manta(
     assert "impostor turn 0 GET /api/" in attempt.log_archive, attempt.log_archive[-2000:]
     assert "impostor turn 1 " in attempt.log_archive, attempt.log_archive[-2000:]
     assert peak_rss_mib(worker.proc.pid) - worker_before < 200  # the 100 MiB were not read
-    handle = secrets.decrypt_json(attempt.handle_encrypted)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (
-        cluster_processes(handle["temp_dir"])
-        or processes_of_uid(sandbox_uid(attempt))
-        or os.path.exists(handle["temp_dir"])
-    ):
-        time.sleep(0.5)
-    assert cluster_processes(handle["temp_dir"]) == []
-    assert processes_of_uid(sandbox_uid(attempt)) == []
+    assert_gone(attempt)
     assert loop_mounts_under(ray_work_dir) == []
