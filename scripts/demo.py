@@ -262,8 +262,11 @@ def jobs_flow(owner: Api, admin: Api, dev: Api) -> dict:
         "image": "rayproject/ray:2.60.0",
         "entrypoint": COUNTER_ENTRYPOINT,
         "runtime_env": {"env_vars": {"COUNT_TO": "10"}},
-        "head": {"cpu": 0, "memory_gb": 1, "gpu": 0},
-        "worker_groups": [{"name": "workers", "replicas": 1, "cpu": 1, "memory_gb": 1}],
+        # 2 GB of disk a node: the counter writes only Ray's own files
+        "head": {"cpu": 0, "memory_gb": 1, "gpu": 0, "disk_gb": 2},
+        "worker_groups": [
+            {"name": "workers", "replicas": 1, "cpu": 1, "memory_gb": 1, "disk_gb": 2}
+        ],
         "max_runtime_seconds": 300,
         "allowed_overrides": ["runtime_env", "priority"],
     }
