@@ -19,7 +19,13 @@ import pytest
 from jobs.launchers.base import LaunchError
 from jobs.launchers.local import disk, egress, seccomp
 from jobs.launchers.local.isolation import SandboxSettings
-from jobs.launchers.local.leases import Leases, release_uid, take_uid, uids_holding_keys
+from jobs.launchers.local.leases import (
+    Leases,
+    release_uid,
+    take_gpus,
+    take_uid,
+    uids_holding_keys,
+)
 
 SANDBOX_INIT = os.path.join(os.path.dirname(seccomp.__file__), "sandbox_init.py")
 MIB = 1024**2
@@ -270,3 +276,19 @@ def test_a_cluster_that_filled_its_disk_fails_disk_full(cluster_dir) -> None:
     status = LocalRayLauncher().status(handle)
     assert (status.status, status.reason) == ("FAILED", "disk_full")
     assert "the cluster's disk is full (0.0625 GiB" in status.message
+
+
+def test_a_gpu_lease_whose_cluster_is_gone_is_taken_again(tmp_path) -> None:
+    """Leases live per host, beyond any work dir: one left by a worker that died mid-teardown
+    (its cluster's directory gone) does not hold the GPU for ever; a live cluster's does."""
+    leases = Leases(str(tmp_path / "leases"))
+    live, dead = tmp_path / "mr-live", tmp_path / "mr-dead"
+    live.mkdir()
+    dead.mkdir()
+    assert take_gpus(leases, ("0", "1"), 1, str(live)) == ["0"]
+    assert take_gpus(leases, ("0", "1"), 1, str(dead)) == ["1"]
+    dead.rmdir()
+    (tmp_path / "mr-next").mkdir()
+    assert take_gpus(leases, ("0", "1"), 1, str(tmp_path / "mr-next")) == ["1"]
+    with pytest.raises(LaunchError, match="busy"):
+        take_gpus(leases, ("0", "1"), 1, str(tmp_path / "mr-other"))

@@ -20,8 +20,9 @@ from .isolation import SandboxSettings
 
 
 class Leases:
-    """Exclusive, cross-process leases (``uid-3000123``, ``gpu-2``) as files under
-    ``<work_dir>/.sandbox``, taken under one flock so a multi-GPU grant is all or nothing."""
+    """Exclusive, cross-process leases (``uid-3000123``, ``gpu-2``) as files in one directory,
+    taken under one flock so a multi-GPU grant is all or nothing. Each names its owner: the
+    directory of the cluster that holds it."""
 
     def __init__(self, directory: str):
         self.dir = directory
@@ -49,6 +50,18 @@ class Leases:
         with os.fdopen(fd, "w") as f:
             f.write(owner)
         return True
+
+    def drop_stale(self, kind: str) -> None:
+        """Drop the leases whose owner, a cluster's directory, is gone: a cluster keeps its
+        directory from before it takes a lease until after it gives them back, so a lease
+        without one was left by a worker that died mid-teardown (or a host that rebooted)."""
+        for key in self.held(kind):
+            path = os.path.join(self.dir, f"{kind}-{key}")
+            with contextlib.suppress(OSError):
+                with open(path) as f:
+                    owner = f.read()
+                if owner.startswith("/") and not os.path.exists(owner):
+                    os.unlink(path)
 
     def release(self, kind: str, key: str, owner: str) -> None:
         path = os.path.join(self.dir, f"{kind}-{key}")
@@ -111,6 +124,7 @@ def take_gpus(leases: Leases, inventory: tuple[str, ...], count: int, owner: str
     if count == 0 or not inventory:
         return []
     with leases.locked():
+        leases.drop_stale("gpu")
         free = [g for g in inventory if g not in leases.held("gpu")]
         if len(free) < count:
             raise LaunchError(

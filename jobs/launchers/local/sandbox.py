@@ -92,7 +92,7 @@ class Sandbox:
         """Allocate a uid, GPUs and cgroups for ``nodes`` (each with ``name``, ``num_cpus``,
         ``num_gpus``, ``memory_bytes``), start the init and, with egress, slirp4netns. The
         cluster's writable dir is ``<cluster_dir>/s``, owned by the sandbox uid."""
-        owner = os.path.basename(cluster_dir)
+        owner = os.path.abspath(cluster_dir)  # the leases' owner: gone with the cluster
         leases = Leases(settings.lease_dir)
         state: dict[str, Any] = {
             "work_dir": work_dir,
@@ -123,7 +123,7 @@ class Sandbox:
             )
             sandbox.cgroups = Cgroups.create(
                 settings.cgroup_root,
-                f"{owner}-{secrets.token_hex(3)}",
+                f"{os.path.basename(cluster_dir)}-{secrets.token_hex(3)}",
                 cpus=limits["cpu"],
                 memory_bytes=limits["memory_bytes"],
                 pids=limits["pids"],
