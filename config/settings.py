@@ -6,6 +6,7 @@ Documented in the README ("Configuration").
 
 import ipaddress
 import re
+import warnings
 from pathlib import Path
 
 import environ
@@ -49,6 +50,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "audit.middleware.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",  # /static/, DEBUG or not (STATIC_* below)
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -119,15 +121,29 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
+# Static files (the admin's, DRF's browsable API's) are served by the API process itself,
+# through WhiteNoise, DEBUG or not: no web server in front is needed for them. By default
+# WhiteNoise finds them where the installed apps keep them (Django's finders, scanned once at
+# start), so `make serve`, the tests' gunicorn and any checkout serve them with no collectstatic
+# step to forget. The image runs collectstatic at build, compressed (gzip, beside each file), and
+# sets MANTA_STATIC_COLLECTED=true: there that copy in STATIC_ROOT is served, its .gz files to
+# clients that accept gzip. (With finders on, WhiteNoise would serve the apps' uncompressed
+# files over STATIC_ROOT's.) Not a manifest storage: that would make collectstatic mandatory.
 STATIC_URL = "static/"
 STATIC_ROOT = env.str("STATIC_ROOT", default=str(VAR_DIR / "static"))
+MANTA_STATIC_COLLECTED = env.bool("MANTA_STATIC_COLLECTED", default=False)
+WHITENOISE_USE_FINDERS = not MANTA_STATIC_COLLECTED
+if WHITENOISE_USE_FINDERS:
+    # Nothing is read from STATIC_ROOT then (it is only where collectstatic writes): that it does
+    # not exist is no news for every process to print.
+    warnings.filterwarnings("ignore", message="No directory at: ", category=UserWarning)
 
 # Code packages (packages/): stored once per content. The filesystem under var/ by default; any
 # Django storage backend in production, e.g. S3-compatible object storage with django-storages:
 # MANTA_PACKAGE_STORAGE=storages.backends.s3.S3Storage and its OPTIONS as JSON.
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
     "packages": {
         "BACKEND": env.str(
             "MANTA_PACKAGE_STORAGE", default="django.core.files.storage.FileSystemStorage"
