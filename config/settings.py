@@ -37,6 +37,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and ReDoc as static files (no CDN)
     "guardian",
     "workspaces",
     "audit",
@@ -65,7 +66,7 @@ WSGI_APPLICATION = "config.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        "DIRS": [BASE_DIR / "config" / "templates"],  # api_docs/redoc.html
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -121,14 +122,15 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
-# Static files (the admin's, DRF's browsable API's) are served by the API process itself,
-# through WhiteNoise, DEBUG or not: no web server in front is needed for them. By default
-# WhiteNoise finds them where the installed apps keep them (Django's finders, scanned once at
-# start), so `make serve`, the tests' gunicorn and any checkout serve them with no collectstatic
-# step to forget. The image runs collectstatic at build, compressed (gzip, beside each file), and
-# sets MANTA_STATIC_COLLECTED=true: there that copy in STATIC_ROOT is served, its .gz files to
-# clients that accept gzip. (With finders on, WhiteNoise would serve the apps' uncompressed
-# files over STATIC_ROOT's.) Not a manifest storage: that would make collectstatic mandatory.
+# Static files (the admin's, DRF's browsable API's, Swagger UI's and ReDoc's) are served by the
+# API process itself, through WhiteNoise, DEBUG or not: no web server in front is needed for
+# them. By default WhiteNoise finds them where the installed apps keep them (Django's finders,
+# scanned once at start), so `make serve`, the tests' gunicorn and any checkout serve them with
+# no collectstatic step to forget. The image runs collectstatic at build, compressed (gzip,
+# beside each file), and sets MANTA_STATIC_COLLECTED=true: there that copy in STATIC_ROOT is
+# served, its .gz files to clients that accept gzip. (With finders on, WhiteNoise would serve the
+# apps' uncompressed files over STATIC_ROOT's.) Not a manifest storage: that would make
+# collectstatic mandatory.
 STATIC_URL = "static/"
 STATIC_ROOT = env.str("STATIC_ROOT", default=str(VAR_DIR / "static"))
 MANTA_STATIC_COLLECTED = env.bool("MANTA_STATIC_COLLECTED", default=False)
@@ -214,6 +216,13 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/api/v1",
     "ENUM_NAME_OVERRIDES": {},
+    # Swagger UI (/api/docs/) and ReDoc (/api/redoc/) load their scripts, styles and icon from
+    # this service's static files (drf-spectacular-sidecar): they work with no internet access.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # Nor does Swagger UI send the schema to an online validator.
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
 }
 
 # Celery: Redis in production and tests; kombu's filesystem transport (no server) by default.
