@@ -302,6 +302,24 @@ REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {
 # N; with 0 the header, which any client can write, is ignored (DRF's default, None, trusts it).
 REST_FRAMEWORK["NUM_PROXIES"] = env.int("MANTA_NUM_PROXIES", default=0)
 
+# /metrics (jobs/metrics.py) answers a scraper that sends MANTA_METRICS_TOKEN as a bearer token,
+# or one whose address (read as the throttles read it, MANTA_NUM_PROXIES) lies in these networks:
+# by default this host's loopback, so a Prometheus beside the API scrapes with nothing set; empty,
+# the token only. Nobody else learns how busy the platform is.
+MANTA_METRICS_TOKEN = env.str("MANTA_METRICS_TOKEN", default="")
+if MANTA_METRICS_TOKEN and not re.fullmatch(r"[!-~]{16,}", MANTA_METRICS_TOKEN):
+    _refuse(
+        "MANTA_METRICS_TOKEN",
+        "at least 16 printable ASCII characters, no spaces (e.g. `openssl rand -hex 32`)",
+    )
+try:
+    MANTA_METRICS_ALLOWED_NETWORKS = [
+        str(ipaddress.ip_network(network.strip(), strict=False))
+        for network in env.list("MANTA_METRICS_ALLOWED_NETWORKS", default=["127.0.0.0/8", "::1"])
+    ]
+except ValueError as _exc:
+    _refuse("MANTA_METRICS_ALLOWED_NETWORKS", f"must list CIDR networks ({_exc})")
+
 # The throttles count in the default cache, which every API process must share: Redis in
 # production (by default the broker's, so compose and production need nothing more; any
 # django-environ cache URL works), files under var/cache/ in the embedded mode. Not local memory
