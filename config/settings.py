@@ -6,6 +6,7 @@ Documented in the README ("Configuration").
 
 import ipaddress
 import re
+import warnings
 from pathlib import Path
 
 import environ
@@ -36,6 +37,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and ReDoc as static files (no CDN)
     "guardian",
     "workspaces",
     "audit",
@@ -49,6 +51,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "audit.middleware.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",  # /static/, DEBUG or not (STATIC_* below)
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -63,7 +66,7 @@ WSGI_APPLICATION = "config.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        "DIRS": [BASE_DIR / "config" / "templates"],  # api_docs/redoc.html
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -119,15 +122,30 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
+# Static files (the admin's, DRF's browsable API's, Swagger UI's and ReDoc's) are served by the
+# API process itself, through WhiteNoise, DEBUG or not: no web server in front is needed for
+# them. By default WhiteNoise finds them where the installed apps keep them (Django's finders,
+# scanned once at start), so `make serve`, the tests' gunicorn and any checkout serve them with
+# no collectstatic step to forget. The image runs collectstatic at build, compressed (gzip,
+# beside each file), and sets MANTA_STATIC_COLLECTED=true: there that copy in STATIC_ROOT is
+# served, its .gz files to clients that accept gzip. (With finders on, WhiteNoise would serve the
+# apps' uncompressed files over STATIC_ROOT's.) Not a manifest storage: that would make
+# collectstatic mandatory.
 STATIC_URL = "static/"
 STATIC_ROOT = env.str("STATIC_ROOT", default=str(VAR_DIR / "static"))
+MANTA_STATIC_COLLECTED = env.bool("MANTA_STATIC_COLLECTED", default=False)
+WHITENOISE_USE_FINDERS = not MANTA_STATIC_COLLECTED
+if WHITENOISE_USE_FINDERS:
+    # Nothing is read from STATIC_ROOT then (it is only where collectstatic writes): that it does
+    # not exist is no news for every process to print.
+    warnings.filterwarnings("ignore", message="No directory at: ", category=UserWarning)
 
 # Code packages (packages/): stored once per content. The filesystem under var/ by default; any
 # Django storage backend in production, e.g. S3-compatible object storage with django-storages:
 # MANTA_PACKAGE_STORAGE=storages.backends.s3.S3Storage and its OPTIONS as JSON.
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
     "packages": {
         "BACKEND": env.str(
             "MANTA_PACKAGE_STORAGE", default="django.core.files.storage.FileSystemStorage"
@@ -198,6 +216,13 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/api/v1",
     "ENUM_NAME_OVERRIDES": {},
+    # Swagger UI (/api/docs/) and ReDoc (/api/redoc/) load their scripts, styles and icon from
+    # this service's static files (drf-spectacular-sidecar): they work with no internet access.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # Nor does Swagger UI send the schema to an online validator.
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
 }
 
 # Celery: Redis in production and tests; kombu's filesystem transport (no server) by default.
@@ -276,6 +301,24 @@ REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {
 # A client is its REMOTE_ADDR. Behind N reverse proxies that each append to X-Forwarded-For, set
 # N; with 0 the header, which any client can write, is ignored (DRF's default, None, trusts it).
 REST_FRAMEWORK["NUM_PROXIES"] = env.int("MANTA_NUM_PROXIES", default=0)
+
+# /metrics (jobs/metrics.py) answers a scraper that sends MANTA_METRICS_TOKEN as a bearer token,
+# or one whose address (read as the throttles read it, MANTA_NUM_PROXIES) lies in these networks:
+# by default this host's loopback, so a Prometheus beside the API scrapes with nothing set; empty,
+# the token only. Nobody else learns how busy the platform is.
+MANTA_METRICS_TOKEN = env.str("MANTA_METRICS_TOKEN", default="")
+if MANTA_METRICS_TOKEN and not re.fullmatch(r"[!-~]{16,}", MANTA_METRICS_TOKEN):
+    _refuse(
+        "MANTA_METRICS_TOKEN",
+        "at least 16 printable ASCII characters, no spaces (e.g. `openssl rand -hex 32`)",
+    )
+try:
+    MANTA_METRICS_ALLOWED_NETWORKS = [
+        str(ipaddress.ip_network(network.strip(), strict=False))
+        for network in env.list("MANTA_METRICS_ALLOWED_NETWORKS", default=["127.0.0.0/8", "::1"])
+    ]
+except ValueError as _exc:
+    _refuse("MANTA_METRICS_ALLOWED_NETWORKS", f"must list CIDR networks ({_exc})")
 
 # The throttles count in the default cache, which every API process must share: Redis in
 # production (by default the broker's, so compose and production need nothing more; any

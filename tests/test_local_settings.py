@@ -1,6 +1,7 @@
-"""The local target's operator settings are checked when the settings load: a bad value stops
-the process at start with an error naming the variable, instead of failing a launch (or every
-submission) later. Each case loads config.settings in a clean process, as `make serve` does."""
+"""Operator settings (the local target's, package storage's, /metrics') are checked when the
+settings load: a bad value stops the process at start with an error naming the variable, instead
+of failing a launch (or every submission, or every scrape) later. Each case loads config.settings
+in a clean process, as `make serve` does."""
 
 import subprocess
 import sys
@@ -54,6 +55,10 @@ def load(**env: str) -> subprocess.CompletedProcess:
         ("MANTA_PACKAGE_STORAGE_GB", "nan", "must be a number"),
         ("MANTA_PACKAGE_STORAGE_COUNT", "-1", "must be between 1 and"),
         ("MANTA_PACKAGE_STORAGE_COUNT", "2.5", "must be a whole number"),
+        ("MANTA_METRICS_ALLOWED_NETWORKS", "127.0.0.0/8,prometheus.corp", "must list CIDR"),
+        ("MANTA_METRICS_ALLOWED_NETWORKS", "10.0.0.0/33", "must list CIDR networks"),
+        ("MANTA_METRICS_TOKEN", "short", "at least 16 printable ASCII characters"),
+        ("MANTA_METRICS_TOKEN", "a token with spaces in it", "no spaces"),
     ],
 )
 def test_a_bad_local_setting_stops_the_process_naming_it(name, value, rule):
@@ -67,3 +72,24 @@ def test_good_local_settings_load():
     done = load(MANTA_LOCAL_GPUS="0,2,2", MANTA_LOCAL_CAPACITY="cpu=8,gpu=2,disk_gb=500")
     assert done.returncode == 0, done.stderr[-800:]
     assert done.stdout.strip() == "('0', '2')"
+
+
+@pytest.mark.parametrize(
+    ("env", "loaded"),
+    [
+        ({}, "['127.0.0.0/8', '::1/128'] 0"),
+        ({"MANTA_METRICS_ALLOWED_NETWORKS": "", "MANTA_METRICS_TOKEN": "0123456789abcdef"},
+         "[] 16"),
+        ({"MANTA_METRICS_ALLOWED_NETWORKS": " 10.1.2.3/8, ::1,192.0.2.7"},
+         "['10.0.0.0/8', '::1/128', '192.0.2.7/32'] 0"),
+    ],
+)  # fmt: skip
+def test_metrics_settings_load_normalised(env, loaded):
+    done = subprocess.run(
+        [sys.executable, "-c", "import config.settings as s; "
+         "print(s.MANTA_METRICS_ALLOWED_NETWORKS, len(s.MANTA_METRICS_TOKEN))"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "MANTA_VAR_DIR": "/tmp/manta-settings-check", **env},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-800:]
+    assert done.stdout.strip() == loaded
