@@ -127,6 +127,8 @@ for call, number, args in [
     ("io_uring_setup", 425, (1, 0)),
     ("mount", 165, (b"none", b"/tmp", b"tmpfs", 0, 0)),
     ("clock_settime", 227, (0, 0)),
+    ("ptrace_traceme", 101, (0, 0, 0, 0)),  # allowed unfiltered: only the filter refuses it
+    ("pidfd_getfd", 438, (0, 1, 0)),
 ]:
     result = libc.syscall(number, *args)
     code = ctypes.get_errno()
@@ -413,6 +415,8 @@ def hostile_job_beside_a_neighbour(world, worker, ray_work_dir, host, api):  # n
         "syscall_io_uring_setup",
         "syscall_mount",
         "syscall_clock_settime",
+        "syscall_ptrace_traceme",
+        "syscall_pidfd_getfd",
         "host_ptys",
         "pty_cap",
         "cgroups_visible",

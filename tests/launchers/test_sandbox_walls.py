@@ -57,6 +57,10 @@ FILTERED = textwrap.dedent(
         "clock_settime": (227, 0, 0),
         "init_module": (175, 0, 0, b""),
         "clone3": (435, 0, 0),
+        # each of these succeeds unfiltered (on itself), so only the filter makes it EPERM
+        "ptrace": (101, 0, 0, 0, 0),  # PTRACE_TRACEME
+        "process_vm_writev": (311, os.getpid(), 0, 0, 0, 0, 0),
+        "pidfd_getfd": (438, 0, 1, 0),
     }
     out = {}
     for name, (nr, *args) in calls.items():

@@ -5,9 +5,11 @@ bindings).
 The sandbox already takes every capability away and sets ``no_new_privs``; the filter closes
 the kernel surface an unprivileged process still has and that crosses tenants or reaches the
 host: nested user namespaces (where a process is root again, with every kernel path that opens),
-the kernel keyrings (per uid, so they outlive the cluster), ``bpf``, ``perf_event_open``,
-``userfaultfd`` (a tool for kernel exploits), mounts, modules, the clocks, AIO and io_uring (host
-wide pools), and the rest of a short deny list. Everything else is allowed: Ray runs unchanged.
+the kernel keyrings (per uid, so they outlive the cluster), tracing or reaching into another
+process (Ray's own run as the job's uid and hold files outside its disk), ``bpf``,
+``perf_event_open``, ``userfaultfd`` (a tool for kernel exploits), mounts, modules, the clocks,
+AIO and io_uring (host-wide pools), and the rest of a short deny list. Everything else is
+allowed: Ray runs unchanged (but for py-spy's stack traces in its dashboard, which need ptrace).
 
 A denied call fails with EPERM (ENOSYS for ``clone3``, whose flags a filter cannot read, so the
 C library falls back to ``clone``, whose flags it can). A foreign architecture (32-bit calls on
@@ -26,6 +28,13 @@ DENIED = (
     "add_key",
     "keyctl",
     "request_key",
+    # other processes of the cluster: Ray's own (``ray start`` among them) run as the job's
+    # uid and hold files outside its disk (their output on the host), which tracing one, or
+    # taking its descriptors, would open to the job
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "pidfd_getfd",
     # the kernel's own attack surface
     "bpf",
     "perf_event_open",
