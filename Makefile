@@ -6,14 +6,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock requirements-dev.lock cli/pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: install system-deps test demo lint format lock bench migrate serve worker clean
+.PHONY: install system-deps test-deps test demo lint format lock bench migrate serve worker clean
 
 # Debian packages the local target's sandbox uses, as command:package (util-linux's
 # unshare/nsenter/setpriv/mount are on every Debian): slirp4netns gives sandboxes outbound NAT,
 # nft loads each cluster's egress policy, mkfs.ext4 makes each cluster's disk, and libseccomp
 # compiles its seccomp filter. Installed when run as root with apt; elsewhere the worker says at
-# start-up what it lacks.
+# start-up what it lacks. The tests also drive Debian's Chromium (the console's browser tests)
+# and run a real Prometheus (its alert rules checked by promtool).
 SYSTEM_TOOLS := slirp4netns:slirp4netns nft:nftables mkfs.ext4:e2fsprogs
+TEST_TOOLS := chromium:chromium prometheus:prometheus promtool:prometheus
 SYSTEM_LIBS := libseccomp.so.2:libseccomp2
 
 # The stamp's name holds the hash of what it installed: a fresh checkout (new mtimes) with the
@@ -29,17 +31,25 @@ $(STAMP): | requirements.lock requirements-dev.lock cli/pyproject.toml
 
 install: $(STAMP)
 
-system-deps:
-	@missing=""; \
-	for pair in $(SYSTEM_TOOLS); do PATH="$$PATH:/usr/sbin:/sbin" command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair#*:}"; done; \
-	for pair in $(SYSTEM_LIBS); do /sbin/ldconfig -p | grep -q "$${pair%%:*}" || missing="$$missing $${pair#*:}"; done; \
-	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "installing$$missing"; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null || \
-	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; }; \
-	fi
+# apt-get install the packages of the command:package / library:package pairs that are missing.
+define apt_missing
+missing=""; \
+for pair in $(1); do PATH="$$PATH:/usr/sbin:/sbin" command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair#*:}"; done; \
+for pair in $(2); do /sbin/ldconfig -p | grep -q "$${pair%%:*}" || missing="$$missing $${pair#*:}"; done; \
+if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+  echo "installing$$missing"; \
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null || \
+  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; }; \
+fi
+endef
 
-test: install system-deps
+system-deps:
+	@$(call apt_missing,$(SYSTEM_TOOLS),$(SYSTEM_LIBS))
+
+test-deps:
+	@$(call apt_missing,$(TEST_TOOLS),)
+
+test: install system-deps test-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest $(PYTEST_ARGS)
