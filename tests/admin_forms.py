@@ -79,3 +79,14 @@ def submit(client: Client, url: str, **changes):
 
 def messages_of(response) -> list[str]:
     return [str(m) for m in response.context["messages"]] if response.context else []
+
+
+def act(client: Client, listing: str, action: str, ids) -> list[str]:
+    """Run a list page's ``action`` on rows ``ids``; the messages shown after it."""
+    response = client.post(
+        listing,
+        {"action": action, "index": "0", "_selected_action": [str(i) for i in ids]},
+        follow=True,
+    )
+    assert response.status_code == 200, response.status_code
+    return messages_of(response)
