@@ -66,7 +66,7 @@ def form_values(client: Client, url: str) -> dict:
     return parser.values
 
 
-def submit(client: Client, url: str, **changes):
+def submit(client: Client, url: str, /, **changes):
     """Post the form at ``url`` with its current values and ``changes`` (None unsets a box)."""
     values = form_values(client, url)
     for name, value in changes.items():
