@@ -43,7 +43,7 @@ class WebhookEndpointAdmin(OrgScopedAdmin):
     list_display = ["id", "url", "workspace", "enabled", "disabled_reason", "failing_since"]
     list_filter = ["enabled"]
     search_fields = ["url", "description"]
-    list_select_related = ["workspace"]
+    list_select_related = ["workspace__organization"]
     readonly_fields = [
         "organization",
         "workspace",

@@ -49,7 +49,7 @@ class CodeSourceAdmin(OrgScopedAdmin):
     org_field = "workspace__organization_id"
     form = CodeSourceForm
     list_display = ["name", "workspace", "url", "default_ref", "deploy_key_stored", "updated_at"]
-    list_select_related = ["workspace"]
+    list_select_related = ["workspace__organization"]
     search_fields = ["name", "url"]
 
     def get_fields(self, request, obj=None):
@@ -105,7 +105,7 @@ class CodePackageAdmin(ReadOnlyAdmin):
     org_field = "workspace__organization_id"
     list_display = ["sha256", "workspace", "size_shown", "uploaded_by", "created_at",
                     "last_used_at"]  # fmt: skip
-    list_select_related = ["workspace", "uploaded_by"]
+    list_select_related = ["workspace__organization", "uploaded_by"]
     search_fields = ["sha256"]
 
     @admin.display(description="size", ordering="size")
