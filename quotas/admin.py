@@ -13,6 +13,7 @@ from workspaces.admin import OrgScopedAdmin, amounts_in_range
 from . import selectors, services
 from .models import RESOURCES, OrgQuota, WorkspaceQuota
 
+BUDGET_FIELDS = ["max_running_jobs", "max_queued_jobs", "gpu_hours_per_month", "budget_action"]
 UNITS = {"cpu": "CPUs", "memory_gb": "GB memory", "gpu": "GPUs", "disk_gb": "GB disk"}
 
 
@@ -112,9 +113,13 @@ class WorkspaceQuotaAdmin(OrgScopedAdmin):
     def get_readonly_fields(self, request, obj=None):
         return ["workspace", "in_use"] if obj else []
 
-    def get_fields(self, request, obj=None):
-        fields = ["workspace", *services.WS_FIELDS]
-        return [*fields, "in_use"] if obj else fields
+    def get_fieldsets(self, request, obj=None):
+        return [
+            (None, {"fields": ["workspace", "in_use"] if obj else ["workspace"]}),
+            ("Guaranteed", {"fields": [f"guaranteed_{name}" for name in RESOURCES]}),
+            ("Limit", {"fields": [f"limit_{name}" for name in RESOURCES]}),
+            ("Jobs and GPU budget", {"fields": BUDGET_FIELDS}),
+        ]
 
     @admin.display(description="organisation")
     def organization(self, obj: WorkspaceQuota):
