@@ -5,8 +5,13 @@ workspaces, so its page is registered beside the org scoping it needs)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from django import forms
 from django.contrib import admin, messages
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db.models import QuerySet
+from django.http import HttpResponseRedirect
 
 from audit.context import Actor
 from audit.models import AuditEvent
@@ -26,6 +31,28 @@ def administered_org_ids(user) -> list[int]:
         )
         user._administered_org_ids = cached
     return cached
+
+
+class ServiceRefused(Exception):
+    """A service refused an admin form's write; the message is already queued for the user."""
+
+
+def refusal_text(exc: DomainError) -> str:
+    """A service's refusal for a person: each field named with its rule."""
+    lines = [f"{field}: {'; '.join(rules)}" for field, rules in exc.errors.items()]
+    named = {rule for rules in exc.errors.values() for rule in rules}
+    if exc.detail not in named and not any(exc.detail == line for line in lines):
+        lines.insert(0, exc.detail)
+    return " — ".join(lines) or exc.detail
+
+
+def amounts_in_range(form: forms.Form, names, *, maximum: float = 1_000_000) -> None:
+    """The API's bounds on amounts (0 to ``maximum``) on an admin form's number fields."""
+    for name in names:
+        field = form.fields.get(name)
+        if field is not None:
+            field.validators += [MinValueValidator(0), MaxValueValidator(maximum)]
+            field.widget.attrs.update(min=0, max=maximum)
 
 
 class OrgScopedAdmin(admin.ModelAdmin):
@@ -73,19 +100,38 @@ class OrgScopedAdmin(admin.ModelAdmin):
         return False  # nothing is hard-deleted from the panel; archive instead
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        if db_field.name == "organization" and not request.user.is_superuser:
-            kwargs["queryset"] = Organization.objects.filter(
-                pk__in=administered_org_ids(request.user)
-            )
+        if not request.user.is_superuser:
+            orgs = administered_org_ids(request.user)
+            if db_field.name == "organization":
+                kwargs["queryset"] = Organization.objects.filter(pk__in=orgs)
+            elif db_field.name == "workspace":
+                kwargs["queryset"] = Workspace.objects.filter(
+                    organization_id__in=orgs, archived_at=None
+                )
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
-    def run_service(self, request, call) -> bool:
+    def run_service(self, request, call: Callable[[Actor], object], *, label: str = "") -> bool:
+        """Call a service as the admin's user; a refusal becomes an error message. For actions,
+        which go on with the next row."""
         try:
             call(Actor.for_user(request.user))
         except DomainError as exc:
-            self.message_user(request, f"{exc.detail} {exc.errors or ''}", level=messages.ERROR)
+            prefix = f"{label}: " if label else ""
+            self.message_user(request, prefix + refusal_text(exc), level=messages.ERROR)
             return False
         return True
+
+    def save_through(self, request, call: Callable[[Actor], object]) -> None:
+        """Call a service from ``save_model``; a refusal becomes an error message and undoes the
+        whole request (the form is shown again, nothing saved, nothing logged as changed)."""
+        if not self.run_service(request, call):
+            raise ServiceRefused
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except ServiceRefused:  # raised inside the view's transaction, which is rolled back
+            return HttpResponseRedirect(request.get_full_path())
 
 
 class ReadOnlyAdmin(OrgScopedAdmin):
@@ -133,7 +179,7 @@ class OrganizationAdmin(OrgScopedAdmin):
     def save_model(self, request, obj, form, change):
         if change:
             data = {name: form.cleaned_data[name] for name in form.changed_data}
-            self.run_service(
+            self.save_through(
                 request,
                 lambda actor: services.org_update(actor=actor, organization=obj, data=data),
             )
@@ -145,7 +191,7 @@ class OrganizationAdmin(OrgScopedAdmin):
                 )
                 obj.pk = org.pk
 
-            self.run_service(request, create)
+            self.save_through(request, create)
 
 
 class WorkspaceMembershipInline(ReadOnlyInline):
@@ -179,7 +225,7 @@ class WorkspaceAdmin(OrgScopedAdmin):
 
     def save_model(self, request, obj, form, change):
         data = {name: form.cleaned_data[name] for name in form.changed_data}
-        self.run_service(
+        self.save_through(
             request, lambda actor: services.workspace_update(actor=actor, workspace=obj, data=data)
         )
 
@@ -215,3 +261,8 @@ class AuditEventAdmin(ReadOnlyAdmin):
     search_fields = ["action", "actor_label", "target_repr", "request_id"]
     date_hierarchy = "occurred_at"
     list_select_related = ["workspace", "organization"]
+
+
+# The pages of people (accounts, invitations, tokens) and of compute targets, registered when
+# imported; they build on the bases above.
+from . import admin_people, admin_targets  # noqa: E402, F401

@@ -1,0 +1,144 @@
+"""Quotas in the admin panel: an organisation's capacity and queueing policy, and each
+workspace's guaranteed share and limit per resource, scoped to the orgs the user administers.
+Every change goes through ``quotas.services``, which checks guaranteed ≤ limit ≤ capacity and
+Σ guaranteed ≤ capacity across the organisation, and audits it."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin
+
+from workspaces.admin import OrgScopedAdmin, amounts_in_range
+
+from . import selectors, services
+from .models import RESOURCES, OrgQuota, WorkspaceQuota
+
+BUDGET_FIELDS = ["max_running_jobs", "max_queued_jobs", "gpu_hours_per_month", "budget_action"]
+UNITS = {"cpu": "CPUs", "memory_gb": "GB memory", "gpu": "GPUs", "disk_gb": "GB disk"}
+
+
+def _amount(value: float | None) -> str:
+    return "unlimited" if value is None else f"{value:g}"
+
+
+class OrgQuotaForm(forms.ModelForm):
+    class Meta:
+        model = OrgQuota
+        fields = ["organization", *services.ORG_FIELDS]
+        help_texts = {name: f"Capacity in {UNITS[name]}; empty = unlimited" for name in RESOURCES}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        amounts_in_range(self, RESOURCES)
+
+
+@admin.register(OrgQuota)
+class OrgQuotaAdmin(OrgScopedAdmin):
+    form = OrgQuotaForm
+    list_display = ["organization", *RESOURCES, "max_running_jobs", "policy", "preemption",
+                    "updated_at"]  # fmt: skip
+    list_select_related = ["organization"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["organization", "in_use"] if obj else []
+
+    def get_fields(self, request, obj=None):
+        fields = ["organization", *services.ORG_FIELDS]
+        return [*fields, "in_use"] if obj else fields
+
+    @admin.display(description="held now by launching and running jobs")
+    def in_use(self, obj: OrgQuota) -> str:
+        held = selectors.active_reservations().filter(organization_id=obj.organization_id)
+        totals = held.aggregate(**selectors.TOTALS)
+        return (
+            ", ".join(
+                f"{name} {totals[name] or 0:g} of {_amount(getattr(obj, name))}"
+                for name in RESOURCES
+            )
+            + f"; {totals['jobs']} job(s)"
+        )
+
+    def save_model(self, request, obj, form, change):
+        data = {
+            name: form.cleaned_data[name] for name in form.changed_data if name != "organization"
+        }
+        organization = obj.organization
+
+        def update(actor):
+            quota = services.org_quota_update(actor=actor, organization=organization, data=data)
+            obj.pk = quota.pk
+
+        self.save_through(request, update)
+
+
+class WorkspaceQuotaForm(forms.ModelForm):
+    class Meta:
+        model = WorkspaceQuota
+        fields = ["workspace", *services.WS_FIELDS]
+        help_texts = {
+            **{f"guaranteed_{n}": f"{UNITS[n]} always available to it" for n in RESOURCES},
+            **{f"limit_{n}": f"{UNITS[n]} at most; empty = up to the capacity" for n in RESOURCES},
+            "gpu_hours_per_month": "Budget; empty = none (alerts at 80 % and 100 %)",
+        }
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        amounts_in_range(
+            self,
+            [f"{kind}_{name}" for kind in ("guaranteed", "limit") for name in RESOURCES]
+            + ["gpu_hours_per_month"],
+        )
+
+
+def _column(name: str):
+    """A list column: a workspace's guaranteed amount of ``name`` and its limit."""
+
+    @admin.display(description=f"{name} guaranteed / limit")
+    def column(self, obj: WorkspaceQuota) -> str:
+        return f"{getattr(obj, f'guaranteed_{name}'):g} / {_amount(getattr(obj, f'limit_{name}'))}"
+
+    return column
+
+
+@admin.register(WorkspaceQuota)
+class WorkspaceQuotaAdmin(OrgScopedAdmin):
+    org_field = "workspace__organization_id"
+    form = WorkspaceQuotaForm
+    list_display = ["workspace", "organization", *RESOURCES, "max_running_jobs",
+                    "gpu_hours_per_month", "updated_at"]  # fmt: skip
+    list_select_related = ["workspace__organization"]
+    search_fields = ["workspace__slug"]
+    cpu, memory_gb, gpu, disk_gb = (_column(name) for name in RESOURCES)
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["workspace", "in_use"] if obj else []
+
+    def get_fieldsets(self, request, obj=None):
+        return [
+            (None, {"fields": ["workspace", "in_use"] if obj else ["workspace"]}),
+            ("Guaranteed", {"fields": [f"guaranteed_{name}" for name in RESOURCES]}),
+            ("Limit", {"fields": [f"limit_{name}" for name in RESOURCES]}),
+            ("Jobs and GPU budget", {"fields": BUDGET_FIELDS}),
+        ]
+
+    @admin.display(description="organisation")
+    def organization(self, obj: WorkspaceQuota):
+        return obj.workspace.organization
+
+    @admin.display(description="held now by launching and running jobs")
+    def in_use(self, obj: WorkspaceQuota) -> str:
+        held = selectors.reserved(obj.workspace)
+        return ", ".join(
+            f"{name} {held[name]:g} of {_amount(getattr(obj, f'limit_{name}'))}"
+            for name in RESOURCES
+        )
+
+    def save_model(self, request, obj, form, change):
+        data = {name: form.cleaned_data[name] for name in form.changed_data if name != "workspace"}
+        workspace = obj.workspace
+
+        def update(actor):
+            quota = services.workspace_quota_update(actor=actor, workspace=workspace, data=data)
+            obj.pk = quota.pk
+
+        self.save_through(request, update)

@@ -1,0 +1,128 @@
+"""Quotas in the admin panel: an org admin sees and edits only their organisations' capacity and
+workspace quotas, each change goes through the quota service (checked and audited), and a change
+the service refuses is shown as an error naming the field and changes nothing."""
+
+import pytest
+from django.test import Client
+
+from audit.models import AuditEvent
+from quotas import services
+from quotas.models import OrgQuota, WorkspaceQuota
+from tests.admin_forms import login, messages_of, submit
+from tests.conftest import SYSTEM
+from tests.factories import ReservationFactory, WorkspaceFactory
+
+ORG_QUOTAS = "/admin/quotas/orgquota/"
+WS_QUOTAS = "/admin/quotas/workspacequota/"
+
+
+@pytest.fixture
+def quotas(world):
+    """Acme: 8 GPUs, ml guaranteed 2 of them (limit 4); Globex has quotas of its own."""
+    acme = services.org_quota_update(
+        actor=SYSTEM, organization=world.org, data={"cpu": 64, "gpu": 8}
+    )
+    ml = services.workspace_quota_update(
+        actor=SYSTEM, workspace=world.ws, data={"guaranteed_gpu": 2, "limit_gpu": 4}
+    )
+    globex_ws = WorkspaceFactory(organization=world.other_org, slug="lab")
+    globex = services.org_quota_update(actor=SYSTEM, organization=world.other_org, data={"gpu": 1})
+    lab = services.workspace_quota_update(actor=SYSTEM, workspace=globex_ws, data={"limit_gpu": 1})
+    return {"acme": acme, "ml": ml, "globex": globex, "lab": lab}
+
+
+def test_each_org_admin_sees_only_their_quotas(world, quotas):
+    admin = login("admin@acme.test")
+    listing = admin.get(WS_QUOTAS).content.decode()
+    assert f"{WS_QUOTAS}{quotas['ml'].pk}/change/" in listing
+    assert f"{WS_QUOTAS}{quotas['lab'].pk}/change/" not in listing
+    assert "2 / 4" in listing  # ml's GPUs: guaranteed / limit
+    orgs = admin.get(ORG_QUOTAS).content.decode()
+    assert f"{ORG_QUOTAS}{quotas['acme'].pk}/change/" in orgs
+    assert f"{ORG_QUOTAS}{quotas['globex'].pk}/change/" not in orgs
+    for url in (f"{WS_QUOTAS}{quotas['lab'].pk}/change/", f"{ORG_QUOTAS}{quotas['globex'].pk}/"):
+        assert admin.get(url, follow=True).redirect_chain[-1][0] == "/admin/"  # "does not exist"
+    assert login("owner@globex.test").get(f"{WS_QUOTAS}{quotas['ml'].pk}/change/").status_code in (
+        302,
+        404,
+    )
+
+
+@pytest.mark.parametrize("who", ["dev@acme.test", "wsadmin@acme.test", "member@acme.test"])
+def test_members_who_do_not_administer_the_org_are_refused(world, quotas, who):
+    client = login(who)
+    for url in (WS_QUOTAS, f"{WS_QUOTAS}{quotas['ml'].pk}/change/", ORG_QUOTAS):
+        response = client.get(url)
+        assert response.status_code == 302 and "/admin/login/" in response["Location"]
+    assert Client().get(WS_QUOTAS).status_code == 302
+
+
+def test_the_page_shows_what_jobs_hold_now(world, quotas):
+    ReservationFactory(job__workspace=world.ws, cpu=3, memory_gb=4, gpu=1)
+    page = login("admin@acme.test").get(f"{WS_QUOTAS}{quotas['ml'].pk}/change/").content.decode()
+    assert "gpu 1 of 4" in page and "cpu 3 of unlimited" in page
+
+
+def test_a_workspace_quota_change_goes_through_the_service_and_is_audited(world, quotas):
+    admin = login("admin@acme.test")
+    url = f"{WS_QUOTAS}{quotas['ml'].pk}/change/"
+    response = submit(admin, url, guaranteed_gpu="3", limit_gpu="6", gpu_hours_per_month="100")
+    assert response.status_code == 302, response.content.decode()[:3000]
+    quota = WorkspaceQuota.objects.get(pk=quotas["ml"].pk)
+    assert (quota.guaranteed_gpu, quota.limit_gpu, quota.gpu_hours_per_month) == (3, 6, 100)
+    event = AuditEvent.objects.filter(action="quota.update").latest("id")
+    assert event.actor_id == world.users["org_admin"].pk and event.workspace_id == world.ws.pk
+    assert event.changes == {
+        "guaranteed_gpu": [2.0, 3.0],
+        "limit_gpu": [4.0, 6.0],
+        "gpu_hours_per_month": [None, 100.0],
+    }
+
+
+def test_a_change_the_service_refuses_is_an_error_and_changes_nothing(world, quotas):
+    admin = login("admin@acme.test")
+    url = f"{WS_QUOTAS}{quotas['ml'].pk}/change/"
+    events = AuditEvent.objects.count()
+    response = submit(admin, url, limit_gpu="99")  # the organisation has 8
+    assert response.status_code == 302 and response["Location"] == url
+    shown = messages_of(admin.get(url))
+    assert any("limit_gpu" in m and "above the organisation's capacity 8" in m for m in shown)
+    assert not any("successfully" in m for m in shown)
+    assert WorkspaceQuota.objects.get(pk=quotas["ml"].pk).limit_gpu == 4
+    assert AuditEvent.objects.count() == events
+
+    negative = submit(admin, url, guaranteed_cpu="-1")
+    assert negative.status_code == 200  # the form again, with the rule beside the field
+    assert "greater than or equal to 0" in negative.content.decode()
+    assert WorkspaceQuota.objects.get(pk=quotas["ml"].pk).guaranteed_cpu == 0
+
+
+def test_org_capacity_below_the_guarantees_is_refused(world, quotas):
+    admin = login("owner@acme.test")
+    url = f"{ORG_QUOTAS}{quotas['acme'].pk}/change/"
+    response = submit(admin, url, gpu="1")  # ml is guaranteed 2
+    assert response.status_code == 302
+    assert any("capacity 1" in m for m in messages_of(admin.get(url)))
+    assert OrgQuota.objects.get(pk=quotas["acme"].pk).gpu == 8
+    assert submit(admin, url, gpu="16", policy="fair_share").status_code == 302
+    quota = OrgQuota.objects.get(pk=quotas["acme"].pk)
+    assert (quota.gpu, quota.policy) == (16, "fair_share")
+    event = AuditEvent.objects.filter(action="quota.update").latest("id")
+    assert event.actor_id == world.users["owner"].pk and event.organization_id == world.org.pk
+
+
+def test_adding_a_workspace_quota_offers_only_own_workspaces(world):
+    admin = login("admin@acme.test")
+    lab = WorkspaceFactory(organization=world.other_org, slug="lab")
+    page = admin.get(f"{WS_QUOTAS}add/").content.decode()
+    assert f'<option value="{world.ws.pk}">' in page
+    assert f'<option value="{lab.pk}">' not in page
+    form = {"limit_cpu": "8", "budget_action": "refuse",
+            **{f"guaranteed_{r}": "0" for r in ("cpu", "memory_gb", "gpu", "disk_gb")}}  # fmt: skip
+    foreign = admin.post(f"{WS_QUOTAS}add/", {**form, "workspace": lab.pk})
+    assert foreign.status_code == 200 and "Select a valid choice" in foreign.content.decode()
+    assert not WorkspaceQuota.objects.filter(workspace=lab).exists()
+    response = admin.post(f"{WS_QUOTAS}add/", {**form, "workspace": world.ws.pk})
+    assert response.status_code == 302, response.content.decode()[:3000]
+    assert WorkspaceQuota.objects.get(workspace=world.ws).limit_cpu == 8
+    assert AuditEvent.objects.filter(action="quota.update", workspace=world.ws).exists()
