@@ -122,6 +122,7 @@ class WebhookDelivery(models.Model):
     delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name_plural = "webhook deliveries"
         ordering = ["-occurred_at", "-id"]
         constraints = [
             models.UniqueConstraint(
