@@ -297,28 +297,41 @@ def org_overview(organization, *, now: dt.datetime | None = None) -> dict[str, A
     }
 
 
-PHASES = (
-    ("waiting for a worker", "created_at", "launch_started_at"),
-    ("cluster start", "launch_started_at", "cluster_ready_at"),
-    ("submit", "cluster_ready_at", "submitted_at"),
-    ("driver start", "submitted_at", "running_at"),
-    ("run", "running_at", "finished_at"),
-    ("teardown", "finished_at", "torn_down_at"),
+# An attempt's moments in order, each with the phase that ends there.
+MOMENTS = (
+    ("created_at", ""),
+    ("launch_started_at", "waiting for a worker"),
+    ("cluster_ready_at", "cluster start"),
+    ("submitted_at", "submit"),
+    ("running_at", "driver start"),
+    ("finished_at", "run"),
+    ("torn_down_at", "teardown"),
 )
 
 
 def attempt_phases(attempt: JobAttempt, *, now: dt.datetime | None = None) -> list[dict]:
-    """The phases an attempt went through, each with its duration in seconds (a phase still
-    under way counts up to now; one never entered is left out)."""
+    """The phases an attempt went through, each with its duration in seconds. A moment never
+    recorded (a short job seen only once it had ended has no ``running_at``) joins the phases
+    on either side of it ("driver start + run"); the phase under way counts up to now."""
     now = now or timezone.now()
     phases = []
-    for label, begin_field, end_field in PHASES:
-        begin, end = getattr(attempt, begin_field), getattr(attempt, end_field)
-        if begin is None:
+    previous, skipped = None, []
+    for field, label in MOMENTS:
+        at = getattr(attempt, field)
+        if at is None:
+            skipped.append(label)
             continue
-        ongoing = end is None
-        if ongoing and attempt.finished_at is not None and end_field != "torn_down_at":
-            continue  # the attempt ended before reaching this phase's end
-        seconds = ((end or now) - begin).total_seconds()
-        phases.append({"label": label, "seconds": round(max(0.0, seconds), 1), "ongoing": ongoing})
+        if previous is not None:
+            seconds = (at - previous).total_seconds()
+            phases.append(_phase(" + ".join([*skipped, label]), seconds, ongoing=False))
+        previous, skipped = at, []
+    following = [label for _, label in MOMENTS][len(MOMENTS) - len(skipped) :]
+    if previous is not None and following:
+        if attempt.finished_at is not None:
+            following = following[-1:]  # it has ended: only its teardown is under way
+        phases.append(_phase(following[0], (now - previous).total_seconds(), ongoing=True))
     return phases
+
+
+def _phase(label: str, seconds: float, *, ongoing: bool) -> dict:
+    return {"label": label, "seconds": round(max(0.0, seconds), 1), "ongoing": ongoing}

@@ -245,6 +245,27 @@ def test_job_page_shows_attempts_phases_log_timeline_and_dashboard(world):
     assert 'id="cancel-form"' in page and 'id="approve-form"' not in page
 
 
+def test_phases_join_across_a_moment_never_recorded(world):
+    now = timezone.now()
+    quick = JobAttemptFactory(
+        job=JobFactory(workspace=world.ws, state=JobState.SUCCEEDED),
+        state="succeeded",
+        launch_started_at=now - dt.timedelta(seconds=30),
+        cluster_ready_at=now - dt.timedelta(seconds=20),
+        submitted_at=now - dt.timedelta(seconds=19),
+        finished_at=now - dt.timedelta(seconds=17),  # seen only once it had ended
+    )
+    phases = [
+        (p["label"], p["seconds"], p["ongoing"]) for p in console.attempt_phases(quick, now=now)
+    ]
+    assert phases[1:] == [
+        ("cluster start", 10, False),
+        ("submit", 1, False),
+        ("driver start + run", 2, False),
+        ("teardown", 17, True),
+    ]
+
+
 def test_job_page_says_why_a_job_waits_and_that_an_ended_one_has_no_dashboard(world):
     waiting = pending(world)
     page = admin_client(world).get(job_page(waiting)).content.decode()
