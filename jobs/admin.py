@@ -26,7 +26,7 @@ from . import console, services
 from .admission import explain
 from .launchers import ray_jobs
 from .logs import job_logs
-from .models import TERMINAL_STATES, Job, JobEvent, JobState, JobTemplate, JobTemplateVersion
+from .models import TERMINAL_STATES, Job, JobState, JobTemplate, JobTemplateVersion
 
 LOG_LINES = 50  # the end of the log a job page shows
 
@@ -100,11 +100,6 @@ def dashboard_path(job: Job) -> str:
         f"/api/v1/orgs/{job.organization.slug}/workspaces/{job.workspace.slug}"
         f"/jobs/{job.pk}/dashboard/"
     )
-
-
-class JobEventInline(ReadOnlyInline):
-    model = JobEvent
-    fields = ["created_at", "kind", "from_state", "to_state", "actor_label", "reason"]
 
 
 @admin.register(Job)

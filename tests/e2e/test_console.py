@@ -101,9 +101,9 @@ def server_env(var: Path) -> dict[str, str]:
     }
 
 
-def template(api: Api, token: str, ws: str, entrypoint: str, **spec) -> int:
+def template(api: Api, token: str, ws: str, name: str, entrypoint: str, **spec) -> int:
     body = {
-        "name": f"console-{ws}",
+        "name": name,
         "image": "rayproject/ray:2.60.0",
         "entrypoint": entrypoint,
         "head": {"cpu": 0, "memory_gb": 1},
@@ -173,12 +173,12 @@ def console(worker, django_db_blocker, tmp_path_factory):
     try:
         owner, developer = world.tokens["owner"], world.tokens["developer"]
         code = f"print({KNOWN_LINE!r}, flush=True); print({HOSTILE_LINE!r}, flush=True)"
-        ran = submit(api, developer, "ml", template(api, owner, "ml", py(code)), "prints")
+        ran = submit(api, developer, "ml", template(api, owner, "ml", "prints", py(code)), "prints")
         approved = api.call(
             world.tokens["org_admin"], "POST", f"{ORG}workspaces/ml/jobs/{ran}/approve/"
         )
         assert approved.status_code == 200, approved.text
-        waiting = template(api, owner, "research", "python -c 'print(1)'")
+        waiting = template(api, owner, "research", "sweeps", "python -c 'print(1)'")
         to_approve = submit(api, developer, "research", waiting, "sweep-small")
         to_reject = submit(api, developer, "research", waiting, "sweep-customer-data")
         yield Console(api, world, ran, to_approve, to_reject)
@@ -197,13 +197,19 @@ def running_job(console):
     for the step where a developer opens its Ray Dashboard through Manta. Its id, once running."""
     owner, developer = console.world.tokens["owner"], console.world.tokens["developer"]
     api = console.api
-    template_id = template(api, owner, "ml", py("import time; time.sleep(60)"))
+    template_id = template(api, owner, "ml", "sleeps", py("import time; time.sleep(60)"))
     job = submit(api, developer, "ml", template_id, "sleeps")
     api.call(console.world.tokens["org_admin"], "POST", f"{ORG}workspaces/ml/jobs/{job}/approve/")
     path = f"{ORG}workspaces/ml/jobs/{job}/"
     wait_until(lambda: console.get("developer", path)["state"] == "running", 120, lambda: path)
     yield job
     api.call(owner, "POST", f"{path}cancel/", {"reason": "the module is done"})
+
+    def torn_down() -> bool:
+        attempts = console.get("developer", path)["attempts"]
+        return all(attempt["torn_down_at"] for attempt in attempts)
+
+    wait_until(torn_down, 60, lambda: f"job {job}'s cluster is still up")
 
 
 @pytest.fixture(scope="module")
