@@ -187,13 +187,13 @@ def live_pids() -> set[int]:
 
 
 class _Events:
-    """This process's families (single-process mode), without the default process collector
-    (:class:`GroupProcessCollector` takes its place)."""
+    """This process's families (single-process mode), without the default process metrics
+    (:class:`GroupProcessCollector` takes their place)."""
 
     def collect(self) -> Iterable[Metric]:
-        for collector in list(REGISTRY._collector_to_names):
-            if not isinstance(collector, ProcessCollector):
-                yield from collector.collect()
+        for family in REGISTRY.collect():
+            if not family.name.startswith("process_"):
+                yield family
 
 
 def scrape_registry(*extra) -> CollectorRegistry:
