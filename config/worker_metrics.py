@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import json
 import logging
 import os
 import threading
@@ -47,9 +48,10 @@ def task_finished(task_id: str, task, state: str | None) -> None:
         )
 
 
-def refusal(address: str, authorization: str) -> tuple[int, str] | None:
+def refusal(address: str, authorization: str) -> tuple[int, str, str] | None:
     """Why a scrape from ``address`` with this ``Authorization`` header is refused (status,
-    message), or None: the rule of ``jobs/metrics.py``'s ``/metrics``."""
+    error type, message), or None: the rule and the answers of ``jobs/metrics.py``'s
+    ``/metrics``."""
     token = settings.MANTA_METRICS_TOKEN.encode()
     if authorization:
         scheme, _, secret = authorization.encode().partition(b" ")
@@ -59,7 +61,8 @@ def refusal(address: str, authorization: str) -> tuple[int, str] | None:
             or not token
             or not hmac.compare_digest(digest(secret.strip()).digest(), digest(token).digest())
         ):
-            return 401, "wrong metrics token"
+            # Without a configured token no credential would do: 403, as DRF answers.
+            return (401 if token else 403), "authentication_failed", "wrong metrics token"
         return None
     try:
         client = ipaddress.ip_address(address)
@@ -71,20 +74,21 @@ def refusal(address: str, authorization: str) -> tuple[int, str] | None:
     if client is not None and any(client in network for network in networks):
         return None
     if token:
-        return 401, "/metrics needs the metrics token from this address"
-    return 403, "/metrics does not answer this address"
+        return 401, "not_authenticated", "/metrics needs the metrics token from this address"
+    return 403, "permission_denied", "/metrics does not answer this address"
 
 
 class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path.split("?")[0] != "/metrics":
-            self._answer(404, b'{"type": "not_found", "detail": "only /metrics"}', "json")
+            body = {"type": "not_found", "detail": "only /metrics is served here", "errors": {}}
+            self._answer(404, json.dumps(body).encode(), "json")
             return
         refused = refusal(self.client_address[0], self.headers.get("Authorization", ""))
         if refused:
-            status, detail = refused
-            body = f'{{"type": "not_authenticated", "detail": "{detail}", "errors": {{}}}}'
-            self._answer(status, body.encode(), "json", bearer=status == 401)
+            status, kind, detail = refused
+            body = json.dumps({"type": kind, "detail": detail, "errors": {}}).encode()
+            self._answer(status, body, "json", bearer=status == 401)
             return
         self._answer(200, generate_latest(scrape_registry()), CONTENT_TYPE_LATEST)
 

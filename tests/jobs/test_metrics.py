@@ -11,13 +11,14 @@ read from one cache entry, so a scrape runs the same number of queries (none) wi
 import time
 
 import pytest
+import requests
 from django.db import connection
 from django.test import Client
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from audit.context import Actor
-from config.worker_metrics import refusal
+from config.worker_metrics import exporter_start, refusal
 from jobs import services
 from jobs.metrics_snapshot import CACHE_KEY, snapshot_refresh
 from jobs.models import Job, JobAttempt, JobState
@@ -43,9 +44,13 @@ def scrape(remote_addr: str = "127.0.0.1", token: str | None = None, **headers):
 
 def samples(response) -> dict[tuple[str, frozenset], float]:
     """The scrape's samples: (name, labels) → value."""
+    return samples_of(response.content.decode())
+
+
+def samples_of(text: str) -> dict[tuple[str, frozenset], float]:
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(response.content.decode())
+        for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
 
@@ -239,7 +244,7 @@ def test_a_scrape_reports_the_levels_the_sweep_took(db):
     assert before <= value(found, "manta_worker_heartbeat_timestamp_seconds") <= time.time()
 
 
-def test_moves_and_requests_are_counted_as_they_happen(django_db_setup, transactional_db):
+def test_moves_and_requests_are_counted_as_they_happen(db, django_capture_on_commit_callbacks):
     """Submission and approval in this process: the transition, the approval wait and the HTTP
     request all reach the next scrape (single-process mode: the values live here)."""
     from prometheus_client import REGISTRY
@@ -259,7 +264,8 @@ def test_moves_and_requests_are_counted_as_they_happen(django_db_setup, transact
     )
     job = JobFactory(workspace=ml, state=JobState.PENDING_APPROVAL)
     admin = UserFactory(in_org=ml.organization, in_org__role="admin")
-    services.job_reject(actor=Actor.for_user(admin), job=job, reason="too big")
+    with django_capture_on_commit_callbacks(execute=True):  # counted once the move commits
+        services.job_reject(actor=Actor.for_user(admin), job=job, reason="too big")
     assert get("manta_job_transitions_total", **moved) == decided + 1
     assert get("manta_approval_wait_seconds_count", decision="rejected") == rejected + 1
 
@@ -339,12 +345,52 @@ def test_a_scrape_costs_the_same_queries_with_10_or_10000_jobs(db):
     assert small[0] == large[0]  # and the sweep's refresh is a fixed number of aggregates
 
 
-def test_the_worker_exporter_answers_scrapers_only(settings):
+@pytest.fixture
+def exporter():
+    """The worker's exporter, as a worker starts it, on a free loopback port of this process
+    (whose families it then serves)."""
+    server = exporter_start("127.0.0.1", 0)
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_worker_exporter_answers_scrapers_only(exporter, settings):
+    """Over HTTP, the same rule and answers as /metrics: loopback by default, then the token
+    only once loopback is off the list."""
+    response = requests.get(f"{exporter}/metrics", timeout=10)
+    assert response.status_code == 200 and response.headers["Content-Type"] == CONTENT_TYPE_LATEST
+    found = samples_of(response.text)
+    assert value(found, "manta_processes") == 1  # this process: no multiprocess folder here
+    assert value(found, "process_resident_memory_bytes") > 0
+    assert requests.get(f"{exporter}/other", timeout=10).status_code == 404
+
+    settings.MANTA_METRICS_ALLOWED_NETWORKS = ["192.0.2.0/24"]
+    refused = requests.get(f"{exporter}/metrics", timeout=10)
+    assert (refused.status_code, refused.json()["type"]) == (403, "permission_denied")
+    assert "WWW-Authenticate" not in refused.headers
+    settings.MANTA_METRICS_TOKEN = TOKEN
+    refused = requests.get(f"{exporter}/metrics", timeout=10)
+    assert (refused.status_code, refused.json()["type"]) == (401, "not_authenticated")
+    assert refused.headers["WWW-Authenticate"] == "Bearer"
+    assert "manta_processes" not in refused.text
+    wrong = requests.get(
+        f"{exporter}/metrics", headers={"Authorization": f"Bearer {TOKEN}x"}, timeout=10
+    )
+    assert (wrong.status_code, wrong.json()["type"]) == (401, "authentication_failed")
+    right = requests.get(
+        f"{exporter}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+    )
+    assert right.status_code == 200 and "manta_processes" in right.text
+
+
+def test_the_exporters_rule_matches_the_apis(settings):
     settings.MANTA_METRICS_TOKEN = ""
     assert refusal("127.0.0.1", "") is None
     assert refusal("::ffff:127.0.0.1", "") is None
-    assert refusal(OUTSIDE, "") == (403, "/metrics does not answer this address")
+    assert refusal(OUTSIDE, "")[:2] == (403, "permission_denied")
+    assert refusal(OUTSIDE, f"Bearer {TOKEN}")[:2] == (403, "authentication_failed")
     settings.MANTA_METRICS_TOKEN = TOKEN
-    assert refusal(OUTSIDE, "")[0] == 401
+    assert refusal(OUTSIDE, "")[:2] == (401, "not_authenticated")
     assert refusal(OUTSIDE, f"Bearer {TOKEN}") is None
-    assert refusal("127.0.0.1", f"Bearer {TOKEN}x")[0] == 401
+    assert refusal("127.0.0.1", f"Bearer {TOKEN}x")[:2] == (401, "authentication_failed")
