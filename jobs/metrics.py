@@ -107,12 +107,9 @@ class SnapshotCollector:
         taken = snapshot()
         if taken is None:
             return
-        tenants = {pk: dict(zip(("organization", "workspace"), names, strict=True))
-                   for pk, names in taken["workspaces"].items()}  # fmt: skip
-        tenant_labels = ["organization", "workspace"]
 
         def family(name: str, help_text: str, *extra: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, help_text, labels=[*tenant_labels, *extra])
+            return GaugeMetricFamily(name, help_text, labels=["organization", "workspace", *extra])
 
         jobs = family("manta_jobs", "Jobs by state", "state")
         since = family(
@@ -126,8 +123,7 @@ class SnapshotCollector:
         reserved = family("manta_quota_reserved", "Held by launching/running jobs", "resource")
         used = family("manta_gpu_hours_used", "GPU-hours used this month")
         budget = family("manta_gpu_hours_budget", "GPU-hours budget per month (where set)")
-        for pk, names in tenants.items():
-            values = list(names.values())
+        for pk, values in taken["workspaces"].items():  # [organization slug, workspace slug]
             for state in JobState.values:
                 count, oldest = taken["jobs"].get(f"{pk}:{state}", (0, None))
                 jobs.add_metric([*values, state], count)
