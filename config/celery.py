@@ -4,17 +4,84 @@ filesystem transport under ``var/`` (no server) by default; its folders are set 
 
 import functools
 import os
+import sys
+import time
+from pathlib import Path
 
 from celery import Celery
+from celery.signals import (
+    before_task_publish,
+    task_postrun,
+    task_prerun,
+    worker_process_shutdown,
+    worker_ready,
+)
 from kombu.transport import redis as kombu_redis
 
+from . import multiprocess
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+
+def _worker_metrics_port() -> int:
+    """The exporter's port when this process is a Celery worker that serves one, else 0."""
+    command = Path(sys.argv[0]).name in ("celery", "__main__.py") and "worker" in sys.argv[1:]
+    port = os.environ.get("MANTA_WORKER_METRICS_PORT", "").strip()
+    return int(port) if command and port.isdigit() else 0
+
+
+# A worker with an exporter counts in every pool child: the files go to one folder per worker,
+# set before anything imports prometheus_client (config/multiprocess.py).
+WORKER_METRICS_PORT = _worker_metrics_port()
+if WORKER_METRICS_PORT:
+    multiprocess.prepare(f"worker-{WORKER_METRICS_PORT}")
 
 app = Celery("manta")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
 
 app.autodiscover_tasks()
+
+
+# --- metrics (config/worker_metrics.py imports prometheus_client: only when a task runs) ----
+
+
+@before_task_publish.connect
+def _stamp_published(headers=None, **_kwargs) -> None:
+    if headers is not None:
+        headers["manta_published_at"] = time.time()
+
+
+@task_prerun.connect
+def _task_started(task_id=None, task=None, **_kwargs) -> None:
+    from .worker_metrics import task_started
+
+    task_started(task_id, task)
+
+
+@task_postrun.connect
+def _task_finished(task_id=None, task=None, state=None, **_kwargs) -> None:
+    from .worker_metrics import task_finished
+
+    task_finished(task_id, task, state)
+
+
+@worker_ready.connect
+def _start_exporter(**_kwargs) -> None:
+    if WORKER_METRICS_PORT:
+        from django.conf import settings
+
+        from .worker_metrics import exporter_start
+
+        exporter_start(settings.MANTA_WORKER_METRICS_ADDRESS, WORKER_METRICS_PORT)
+
+
+@worker_process_shutdown.connect
+def _pool_child_exited(pid=None, **_kwargs) -> None:
+    if WORKER_METRICS_PORT:
+        from .worker_metrics import process_exited
+
+        process_exited(pid or os.getpid())
 
 
 def _redis_channels_remember_their_broker() -> None:

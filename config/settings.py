@@ -49,6 +49,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "config.metrics_http.RequestMetricsMiddleware",  # manta_http_* for /metrics: times all below
     "audit.middleware.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",  # /static/, DEBUG or not (STATIC_* below)
@@ -319,6 +320,12 @@ try:
     ]
 except ValueError as _exc:
     _refuse("MANTA_METRICS_ALLOWED_NETWORKS", f"must list CIDR networks ({_exc})")
+
+# A Celery worker's own metrics exporter (config/worker_metrics.py): its pool's counters, on this
+# address and port, under the same rule as /metrics; 0 (the default) serves none. Each worker on
+# a host needs a port of its own.
+MANTA_WORKER_METRICS_PORT = _number("MANTA_WORKER_METRICS_PORT", 0, low=0, high=65535, kind=int)
+MANTA_WORKER_METRICS_ADDRESS = env.str("MANTA_WORKER_METRICS_ADDRESS", default="127.0.0.1")
 
 # The throttles count in the default cache, which every API process must share: Redis in
 # production (by default the broker's, so compose and production need nothing more; any

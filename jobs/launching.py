@@ -18,6 +18,7 @@ from packages.services import storage as package_storage
 from packages.sources import CodeUnavailable
 from packages.sources import fetch as fetch_code
 
+from . import metrics_events
 from .attempts import SYSTEM, handle_of, leased, load, stop_orphans
 from .following import attempt_settle, follow_start
 from .launch_requests import launch_request, resolve_target
@@ -52,10 +53,12 @@ def attempt_launch(attempt_id: str) -> None:
             request = launch_request(attempt, target)
             handle = handle_of(attempt)
             if handle is None:
-                handle = _start(attempt, launcher, request, target)
+                with metrics_events.launch_phase(attempt.job, "cluster_start"):
+                    handle = _start(attempt, launcher, request, target)
             if not _still_wanted(attempt):
                 return  # cancelled or preempted while the cluster came up: that path tears down
-            launcher.submit(handle, request)
+            with metrics_events.launch_phase(attempt.job, "submit"):
+                launcher.submit(handle, request)
             now = timezone.now()
             JobAttempt.objects.filter(pk=attempt.pk).update(
                 submitted=True,

@@ -1,5 +1,10 @@
-"""``/metrics`` in the Prometheus text format: job counts by state and the admission invariants'
-drift (all zero when quotas hold). Aggregates only, no tenant names.
+"""``/metrics`` in the Prometheus text format: what this API's processes counted as it happened
+(requests, submissions, approvals: ``config/metrics.py``), their process metrics, and the levels
+the sweep last took from the database (jobs by state, why queued jobs wait, quotas, reservations,
+GPU-hours and budgets, the admission invariants' drift, the broker's queue:
+``jobs/metrics_snapshot.py``). A scrape reads that snapshot from the cache: it runs no SQL, so its
+cost does not grow with the jobs. Each Celery worker serves what its own processes counted
+(``config/worker_metrics.py``); docs/observability.md says how to scrape both.
 
 For scrapers only (config/settings.py): a client whose address lies in
 ``MANTA_METRICS_ALLOWED_NETWORKS`` (this host's loopback by default), or one that sends
@@ -16,11 +21,11 @@ import hmac
 import ipaddress
 
 from django.conf import settings
-from django.db.models import Count
 from django.http import HttpResponse
 from django.urls import path
 from drf_spectacular.utils import extend_schema
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.negotiation import DefaultContentNegotiation
@@ -29,8 +34,11 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
-from .accounting import reconcile
-from .models import Job, JobState
+from config.metrics import scrape_registry
+from quotas.models import RESOURCES
+
+from .metrics_snapshot import REASONS, snapshot
+from .models import JobState
 
 
 class MetricsTokenAuthentication(BaseAuthentication):
@@ -91,6 +99,81 @@ class PrometheusText(DefaultContentNegotiation):
         return renderers[0], renderers[0].media_type
 
 
+class SnapshotCollector:
+    """The level gauges, from the sweep's last snapshot (nothing before the first one: then
+    ``manta_worker_heartbeat_timestamp_seconds`` is absent, and that alerts)."""
+
+    def collect(self):
+        taken = snapshot()
+        if taken is None:
+            return
+
+        def family(name: str, help_text: str, *extra: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, help_text, labels=["organization", "workspace", *extra])
+
+        jobs = family("manta_jobs", "Jobs by state", "state")
+        since = family(
+            "manta_jobs_oldest_state_entered_timestamp_seconds",
+            "When the longest-waiting job in a state entered it (waiting states only)",
+            "state",
+        )
+        pending = family("manta_pending_jobs", "Jobs waiting, by why they wait", "reason")
+        guaranteed = family("manta_quota_guaranteed", "Workspace guarantee", "resource")
+        limit = family("manta_quota_limit", "Workspace limit (where one is set)", "resource")
+        reserved = family("manta_quota_reserved", "Held by launching/running jobs", "resource")
+        used = family("manta_gpu_hours_used", "GPU-hours used this month")
+        budget = family("manta_gpu_hours_budget", "GPU-hours budget per month (where set)")
+        for pk, values in taken["workspaces"].items():  # [organization slug, workspace slug]
+            for state in JobState.values:
+                count, oldest = taken["jobs"].get(f"{pk}:{state}", (0, None))
+                jobs.add_metric([*values, state], count)
+                if oldest is not None:
+                    since.add_metric([*values, state], oldest)
+            for reason in REASONS:
+                pending.add_metric([*values, reason], taken["pending"].get(f"{pk}:{reason}", 0))
+            quota = taken["quotas"].get(pk, {})
+            held = taken["reserved"].get(pk, {})
+            for resource in RESOURCES:
+                guaranteed.add_metric(
+                    [*values, resource], quota.get("guaranteed", {}).get(resource, 0)
+                )
+                if resource in quota.get("limit", {}):
+                    limit.add_metric([*values, resource], quota["limit"][resource])
+                reserved.add_metric([*values, resource], held.get(resource, 0.0))
+            used.add_metric(values, round(taken["gpu_hours"].get(pk, 0.0), 6))
+            if quota.get("gpu_hours_budget") is not None:
+                budget.add_metric(values, quota["gpu_hours_budget"])
+        yield from (jobs, since, pending, guaranteed, limit, reserved, used, budget)
+        capacity = GaugeMetricFamily(
+            "manta_org_capacity",
+            "Organisation capacity (where set)",
+            labels=["organization", "resource"],
+        )
+        for organization, resources in taken["capacity"].items():
+            for resource, value in resources.items():
+                capacity.add_metric([organization, resource], value)
+        yield capacity
+        drift = GaugeMetricFamily(
+            "manta_quota_drift",
+            "Admission invariants that do not hold (0 = healthy)",
+            labels=["kind"],
+        )
+        for kind, value in taken["drift"].items():
+            drift.add_metric([kind], value)
+        yield drift
+        depth = GaugeMetricFamily(
+            "manta_celery_queue_depth", "Tasks waiting in the broker", labels=["queue"]
+        )
+        for queue, value in taken["queue_depth"].items():
+            depth.add_metric([queue], value)
+        yield depth
+        yield GaugeMetricFamily(
+            "manta_worker_heartbeat_timestamp_seconds",
+            "When a worker's sweep last took these levels",
+            value=taken["taken_at"],
+        )
+
+
 class MetricsView(APIView):
     authentication_classes = [MetricsTokenAuthentication]
     permission_classes = [ScraperOnly]
@@ -99,19 +182,7 @@ class MetricsView(APIView):
 
     @extend_schema(exclude=True)  # an operator's endpoint, not part of the API
     def get(self, request):
-        registry = CollectorRegistry()
-        jobs = Gauge("manta_jobs", "Jobs by state", ["state"], registry=registry)
-        counts = dict(Job.objects.order_by().values_list("state").annotate(n=Count("id")))
-        for state in JobState.values:
-            jobs.labels(state=state).set(counts.get(state, 0))
-        drift = Gauge(
-            "manta_quota_drift",
-            "Admission invariants that do not hold (0 = healthy)",
-            ["kind"],
-            registry=registry,
-        )
-        for kind, value in reconcile().items():
-            drift.labels(kind=kind).set(value)
+        registry = scrape_registry(SnapshotCollector())
         return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 

@@ -33,6 +33,7 @@ from config.errors import Conflict
 from outbox.services import event_emit_many
 from quotas import services as quota_services
 
+from . import metrics_events
 from .models import ACTIVE_STATES, TERMINAL_STATES, Job, JobEvent, JobState
 
 S = JobState
@@ -209,6 +210,7 @@ BULK_FIELDS = (
     "requested_memory_gb",
     "requested_gpu",
     "requested_disk_gb",
+    "created_at",
     "queued_at",
     "started_at",
     "finished_at",
@@ -269,6 +271,7 @@ def transition(
                 errors={"state": [f"{job.state} → {to_state} is not allowed"]},
             )
     from_states = {job.pk: job.state for job in locked}
+    entered = {job.pk: job.updated_at for job in locked}  # when each entered the state it leaves
     now = timezone.now()
     fields: dict[str, Any] = {"state": to_state, "updated_at": now}
     if to_state == S.QUEUED:
@@ -295,16 +298,20 @@ def transition(
     leaving = [pk for pk, state in from_states.items() if state in ACTIVE_STATES]
     if leaving and to_state not in ACTIVE_STATES:
         quota_services.reservations_release(leaving)
+    merged = {job.pk: {**(data or {}), **(data_by_job or {}).get(job.pk, {})} for job in locked}
     _record(
         locked,
         from_states=from_states,
         kind=kind or to_state,
         actor=actor,
         reason=reason,
-        data_by_job={
-            job.pk: {**(data or {}), **(data_by_job or {}).get(job.pk, {})} for job in locked
-        },
+        data_by_job=merged,
         audit_action=audit_action,
+    )
+    counted = dict(from_states=from_states, entered=entered, kind=kind or to_state, reason=reason)
+    transaction.on_commit(  # a move rolled back is not counted
+        lambda: metrics_events.jobs_moved(locked, data_by_job=merged, now=now, **counted),
+        robust=True,
     )
     for job in locked:
         run_state_hooks(job)

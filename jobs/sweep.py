@@ -16,6 +16,7 @@ from workspaces.models import ComputeTargetKind
 from .accounting import budget_alerts, reconcile
 from .following import follow_start
 from .launchers import launcher_for
+from .metrics_snapshot import snapshot_refresh
 from .models import ATTEMPT_ACTIVE, AttemptState, Job, JobAttempt, JobState
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,12 @@ def sweep() -> dict[str, int]:
         tasks.admit.delay()
         counts["admit"] += 1
     counts["budget_alerts"] = budget_alerts()
-    counts["drift"] = sum(reconcile().values())
+    drift = reconcile()
+    counts["drift"] = sum(drift.values())
+    try:  # the levels /metrics reports; a failure here must not stop the sweep's real work
+        snapshot_refresh(drift=drift)
+    except Exception:
+        logger.exception("sweep: taking the metrics snapshot failed")
     return counts
 
 

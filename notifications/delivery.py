@@ -27,7 +27,7 @@ from audit import services as audit
 from audit.context import Actor
 from config import secrets as secrets_box
 
-from . import emails, signing, ssrf, transport
+from . import delivery_metrics, emails, signing, ssrf, transport
 from .models import (
     DeliveryState,
     WebhookAttempt,
@@ -127,6 +127,7 @@ def _claim(endpoint_id: int, now: dt.datetime) -> tuple[list[WebhookDelivery], d
         WebhookDelivery.objects.filter(pk__in=ids)
         .select_related(
             "endpoint__organization",
+            "endpoint__workspace",
             "event__organization",
             "event__workspace",
             "audit_event__workspace",
@@ -261,6 +262,7 @@ def _record(
         )
     _release(unsent, lease)
     _endpoint_health(endpoint, sent, now)
+    transaction.on_commit(lambda: delivery_metrics.attempts_sent(endpoint, sent), robust=True)
 
 
 def _outcome_fields(

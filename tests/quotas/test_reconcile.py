@@ -1,9 +1,10 @@
-"""The periodic reconciliation finds drift in the admission invariants and reports it (log and
-/metrics)."""
+"""The periodic reconciliation finds drift in the admission invariants and reports it (log and,
+through the sweep's metrics snapshot, /metrics)."""
 
 from rest_framework.test import APIClient
 
 from jobs import accounting, admission
+from jobs.metrics_snapshot import snapshot_refresh
 from jobs.models import Job
 from quotas.models import OrgQuota, Reservation, WorkspaceQuota
 
@@ -38,6 +39,7 @@ def test_drift_is_found_and_exported(world, template, caplog):
     assert drift["orphan_reservations"] == 1
     assert drift["over_capacity"] == 1 and drift["over_limit"] == 1
     assert "quota invariants drifted" in caplog.text
+    snapshot_refresh(drift=drift)  # what the sweep does with it
     text = APIClient().get("/metrics").content.decode()
     assert 'manta_quota_drift{kind="orphan_reservations"} 1.0' in text
-    assert 'manta_jobs{state="running"} 1.0' in text
+    assert 'manta_jobs{organization="acme",state="running",workspace="ml"} 1.0' in text

@@ -1,0 +1,70 @@
+"""What the job lifecycle counts as it happens (the families are in ``config/metrics.py``):
+one call from the state machine for every move, and one per launch phase. In the process that
+made the move: the API for submissions, approvals and cancels, the Celery worker for the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from config import metrics
+
+from .models import JobState
+
+S = JobState
+AWAITING_APPROVAL = S.PENDING_APPROVAL
+DECISIONS = {S.QUEUED: "approved", S.REJECTED: "rejected", S.CANCELLED: "cancelled"}
+
+
+def jobs_moved(
+    jobs: Sequence,
+    *,
+    from_states: Mapping[int, str],
+    entered: Mapping[int, dt.datetime],
+    kind: str,
+    reason: str,
+    data_by_job: Mapping[int, Mapping[str, Any]],
+    now: dt.datetime,
+) -> None:
+    """Count a transition of ``jobs`` (already in their new state). ``entered`` is when each
+    entered the state it left (its ``updated_at`` before the move)."""
+    for job in jobs:
+        source, target = from_states[job.pk], job.state
+        labels = metrics.tenant(job)
+        metrics.JOB_TRANSITIONS.labels(
+            **labels, from_state=source, to_state=target, kind=kind
+        ).inc()
+        waited = max(0.0, (now - entered[job.pk]).total_seconds()) if entered.get(job.pk) else 0
+        if source == S.QUEUED and target == S.LAUNCHING:
+            # Submit → admitted for a first admission; requeue → admitted for later ones.
+            first = data_by_job.get(job.pk, {}).get("attempt") == 1 and job.created_at
+            if first:
+                waited = max(0.0, (now - job.created_at).total_seconds())
+            metrics.ADMISSION_WAIT.labels(**labels).observe(waited)
+        elif source == AWAITING_APPROVAL and target in DECISIONS:
+            metrics.APPROVAL_WAIT.labels(**labels, decision=DECISIONS[target]).observe(waited)
+        if source == S.RUNNING and target != S.RUNNING:
+            outcome = kind if kind in ("retry", "preempted") else target
+            metrics.RUN_TIME.labels(**labels, outcome=outcome).observe(waited)
+        if kind == "preempted":
+            metrics.PREEMPTIONS.labels(**labels, reason="guarantee_reclaimed").inc()
+            metrics.EVICTIONS.labels(**labels, reason="preempted").inc()
+        elif kind == "retry":
+            metrics.RETRIES.labels(**labels, reason=reason or "unknown").inc()
+            metrics.EVICTIONS.labels(**labels, reason=reason or "unknown").inc()
+        elif target == S.FAILED:
+            metrics.FAILURES.labels(**labels, reason=reason or "unknown").inc()
+        if reason == "cluster_lost" and kind in ("retry", S.FAILED):
+            metrics.CLUSTER_LOST.labels(**labels).inc()
+
+
+@contextlib.contextmanager
+def launch_phase(job, phase: str) -> Iterator[None]:
+    """Time one phase of a launch (``cluster_start``, ``submit``) when it completes."""
+    started = time.monotonic()
+    yield
+    metrics.LAUNCH_PHASE.labels(**metrics.tenant(job), phase=phase).observe(metrics.since(started))
