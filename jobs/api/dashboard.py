@@ -57,8 +57,9 @@ CSP = (
     "sandbox allow-scripts allow-popups allow-downloads; frame-ancestors 'none'; "
     "form-action 'none'; base-uri 'none'"
 )
-# In an opaque origin, localStorage and sessionStorage throw; Ray's dashboard reads them while it
-# renders (its theme, its time zone) and would stay blank. This gives it a memory-only copy.
+# In an opaque origin, localStorage, sessionStorage and document.cookie throw; Ray's dashboard
+# reads storage while it renders (its theme, its time zone) and its HTTP client reads the cookie
+# before each request, so it would stay blank. This gives it memory-only storage and no cookies.
 STORAGE_SHIM = (
     b"<script>(function(){['localStorage','sessionStorage'].forEach(function(n){"
     b"try{window[n].length;}catch(e){var m=new Map(),s={"
@@ -67,7 +68,9 @@ STORAGE_SHIM = (
     b"removeItem:function(k){m.delete(String(k));},clear:function(){m.clear();},"
     b"key:function(i){var a=Array.from(m.keys());return i<a.length?a[i]:null;},"
     b"get length(){return m.size;}};"
-    b"Object.defineProperty(window,n,{value:s,configurable:true});}});})();</script>"
+    b"Object.defineProperty(window,n,{value:s,configurable:true});}});"
+    b"try{document.cookie;}catch(e){Object.defineProperty(document,'cookie',"
+    b"{get:function(){return '';},set:function(v){},configurable:true});}})();</script>"
 )
 HEAD_TAG = re.compile(rb"<head[^>]*>", re.IGNORECASE)
 
