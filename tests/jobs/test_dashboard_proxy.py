@@ -25,6 +25,7 @@ from jobs.models import AttemptState, JobState
 from tests.conftest import SYSTEM
 from tests.factories import JobAttemptFactory, JobFactory
 from tests.launchers.hostile_dashboard import Drip, Flood, HostileDashboard, Recorder, http_answer
+from tests.matrix import WS_VISIBLE
 from workspaces import services as workspace_services
 
 WS = "/api/v1/orgs/acme/workspaces/ml/"
@@ -64,7 +65,8 @@ class Upstream:
                 pass
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        serve = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        serve.start()
 
     @property
     def url(self) -> str:
@@ -195,6 +197,13 @@ def test_gets_that_act_on_the_clusters_processes_are_refused(world, upstream, pa
     assert response.status_code == 403
     assert response.json()["errors"] == {"path": ["acts on the cluster's processes"]}
     assert upstream.seen == []
+
+
+def test_everyone_who_may_view_the_job_reads_its_dashboard(world, upstream):
+    job = running_job(world, upstream.url)
+    for who in WS_VISIBLE:
+        assert world.client(who).get(url_of(job, "api/jobs/")).status_code == 200, who
+    assert len(upstream.seen) == len(WS_VISIBLE)
 
 
 @pytest.mark.parametrize(
