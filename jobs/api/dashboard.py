@@ -20,6 +20,7 @@ use the plain path. See docs/dashboard.md.
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import re
 from urllib.parse import quote
 
@@ -176,10 +177,14 @@ def running_attempt(job: Job) -> JobAttempt:
             )
         raise DashboardUnavailable(detail, errors={"state": [job.state]})
     if attempt.target_kind != "local":
+        why = (
+            "a shared cluster's dashboard shows every job on it"
+            if attempt.target_kind == "ray"
+            else "its cluster's dashboard is not reachable from Manta's API"
+        )
         raise DashboardUnavailable(
-            f"Job {job.pk} runs on a {attempt.target_kind!r} compute target: only the clusters "
-            "Manta starts for one job (local) have their dashboard shown here, as a shared "
-            "cluster's dashboard shows every job on it.",
+            f"Job {job.pk} runs on a {attempt.target_kind!r} compute target, whose dashboard is "
+            f"not shown here: {why}. Only the clusters of the local target are.",
             errors={"compute_target": [attempt.target_kind]},
         )
     return attempt
@@ -216,6 +221,10 @@ class JobDashboardViewSet(WorkspaceViewSet):
             )
         if not via_link and isinstance(request.successful_authenticator, SessionReadAuthentication):
             return self._to_link(request, attempt, path)
+        # As the dashboard's router would read it: "api/../worker/x" and "/worker/x" are worker/x.
+        path = posixpath.normpath("/" + path).lstrip("/") + ("/" if path.endswith("/") else "")
+        if path == "/":
+            path = ""
         if ACTING_PATHS.match(path):
             raise DashboardReadOnly(
                 f"The Ray dashboard is read-only through Manta: {path.split('/')[0]}/ acts on "

@@ -135,6 +135,14 @@ def test_a_viewer_reads_the_dashboard_and_manta_adds_the_token(world, upstream):
     assert "Access-Control-Allow-Origin" not in response  # only a dashboard link's answers
 
 
+def test_the_path_reaches_the_dashboard_as_its_router_reads_it(world, upstream):
+    job = running_job(world, upstream.url)
+    client = world.client("viewer")
+    for path in ["api/jobs/", "static/../api/jobs/", "api//jobs/", "", "./"]:
+        client.get(url_of(job, path))
+    assert [seen[1] for seen in upstream.seen] == ["/api/jobs/"] * 3 + ["/"] * 2
+
+
 def test_the_page_keeps_its_relative_assets_and_never_gets_the_token(world, upstream):
     job = running_job(world, upstream.url)
     response = world.client("developer").get(url_of(job))
@@ -189,7 +197,17 @@ def test_a_browsers_post_is_refused_by_the_rule_not_by_csrf(world, upstream):
 
 
 @pytest.mark.parametrize(
-    "path", ["worker/traceback?pid=1", "worker/cpu_profile?pid=1", "memory_profile", "task/x"]
+    "path",
+    [
+        "worker/traceback?pid=1",
+        "worker/cpu_profile?pid=1",
+        "memory_profile",
+        "task/x",
+        "api/../worker/traceback",  # as the dashboard's router would resolve them
+        "api/%2e%2e/worker/traceback",
+        "/worker/traceback",
+        "./memory_profile",
+    ],
 )
 def test_gets_that_act_on_the_clusters_processes_are_refused(world, upstream, path):
     job = running_job(world, upstream.url)
@@ -251,6 +269,7 @@ def test_a_shared_clusters_dashboard_is_not_shown(world, upstream):
     response = world.client("viewer").get(url_of(job))
     assert response.status_code == 409
     assert response.json()["errors"] == {"compute_target": ["ray"]}
+    assert "shared cluster" in response.json()["detail"]
     assert upstream.seen == []
 
 
