@@ -33,7 +33,9 @@ def latest_versions(templates) -> dict[int, JobTemplateVersion]:
 def jobs_of(workspace) -> QuerySet[Job]:
     return (
         Job.objects.filter(workspace=workspace)
-        .select_related("submitted_by", "decided_by", "template_version__template", "workspace")
+        .select_related(
+            "submitted_by", "decided_by", "template_version__template", "workspace__organization"
+        )
         .prefetch_related("attempts")
         .order_by("-id")
     )

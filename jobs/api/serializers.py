@@ -3,7 +3,7 @@ from rest_framework import serializers
 
 from config.strict import StrictSerializer
 from jobs import spec as job_spec
-from jobs.api import examples
+from jobs.api import dashboard, examples
 from jobs.models import Job, JobAttempt, JobEvent, JobState, JobTemplate, JobTemplateVersion
 from workspaces.models import ComputeTargetKind
 
@@ -133,6 +133,10 @@ class AttemptOutput(serializers.ModelSerializer):
     submission_id = serializers.CharField(help_text="The Ray job's submission_id")
     compute_target = serializers.CharField(source="target_name")
     phases = serializers.SerializerMethodField(help_text="Seconds spent in each phase")
+    dashboard_url = serializers.SerializerMethodField(
+        help_text="The attempt's Ray Dashboard through Manta (a path on this API, read only), "
+        "while its cluster is up; empty otherwise"
+    )
 
     class Meta:
         model = JobAttempt
@@ -160,6 +164,10 @@ class AttemptOutput(serializers.ModelSerializer):
             "torn_down_at",
             "phases",
         ]
+
+    def get_dashboard_url(self, attempt) -> str:
+        # Not the cluster's own address: that is a port on the worker host, behind its token.
+        return dashboard.proxy_path(attempt)
 
     def get_phases(self, attempt) -> dict[str, float | None]:
         return {

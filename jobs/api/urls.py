@@ -1,9 +1,13 @@
 from django.urls import path
 
+from .dashboard import WRITE_METHODS, JobDashboardViewSet
 from .usage import WorkspaceUsageView
 from .views import JobViewSet, TemplateViewSet
 
 WS = "orgs/<slug:org>/workspaces/<slug:ws>/"
+DASHBOARD = JobDashboardViewSet.as_view(
+    {"get": "proxy", "head": "proxy", **dict.fromkeys(WRITE_METHODS, "refuse")}
+)
 
 urlpatterns = [
     path(WS + "usage/", WorkspaceUsageView.as_view({"get": "retrieve"})),
@@ -23,4 +27,9 @@ urlpatterns = [
     path(WS + "jobs/<int:pk>/events/", JobViewSet.as_view({"get": "events"})),
     path(WS + "jobs/<int:pk>/logs/", JobViewSet.as_view({"get": "logs"})),
     path(WS + "jobs/<int:pk>/launch-plan/", JobViewSet.as_view({"get": "launch_plan"})),
+    # The job's Ray Dashboard, read only: plain, or under a dashboard link (-/<link>/).
+    path(WS + "jobs/<int:pk>/dashboard/", DASHBOARD, name="job-dashboard"),
+    path(WS + "jobs/<int:pk>/dashboard/-/<str:link>/", DASHBOARD),
+    path(WS + "jobs/<int:pk>/dashboard/-/<str:link>/<path:path>", DASHBOARD),
+    path(WS + "jobs/<int:pk>/dashboard/<path:path>", DASHBOARD),
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import signal
 import time
 import uuid
@@ -142,7 +143,7 @@ def test_job_succeeds_with_logs_and_advertised_resources(world, ray_work_dir):
     [attempt] = detail["attempts"]
     assert attempt["state"] == "succeeded" and attempt["submission_id"]
     assert attempt["cluster_name"].startswith("manta-acme-ml-")
-    assert attempt["dashboard_url"].startswith("http://127.0.0.1:")
+    assert attempt["dashboard_url"] == ""  # its cluster is gone, and its dashboard with it
     assert all(v is not None and v >= 0 for v in attempt["phases"].values()), attempt["phases"]
     logs = client.get(f"{WS}jobs/{job_id}/logs/").json()
     assert logs["source"] == "archive"
@@ -358,13 +359,75 @@ def test_worker_node_killed_mid_job_comes_back_and_the_job_succeeds(world, ray_w
     assert_cluster_gone(attempt, ray_work_dir)
 
 
-def test_cancel_while_running_tears_its_cluster_down_and_the_neighbour_goes_on(world, ray_work_dir):
+def check_dashboard_through_manta(world, job_id: int) -> None:
+    """The running job's real Ray Dashboard, read through Manta: its page and its job list; a
+    second job posted to it is refused, and Ray still holds one job."""
+    attempt = JobAttempt.objects.get(job_id=job_id)
+    dashboard = f"{WS}jobs/{job_id}/dashboard/"
+    client = world.client("viewer")
+    assert client.get(f"{WS}jobs/{job_id}/").json()["attempts"][0]["dashboard_url"] == dashboard
+    page = client.get(dashboard)
+    assert page.status_code == 200, page.content
+    assert b"<title>Ray Dashboard</title>" in page.content
+    assert b'src="./static/js/main.' in page.content  # relative: it stays under the proxy
+    script = re.search(rb'src="\./(static/js/main\.[0-9a-f]+\.js)"', page.content).group(1)
+    asset = client.get(dashboard + script.decode())
+    assert asset.status_code == 200 and b"react" in asset.content.lower()
+    listed = client.get(dashboard + "api/jobs/")
+    assert listed.status_code == 200, listed.content
+    assert [job["submission_id"] for job in listed.json()] == [attempt.submission_id]
+    second = {"entrypoint": "echo second", "submission_id": "second"}
+    refused = world.client("developer").post(dashboard + "api/jobs/", second, format="json")
+    assert refused.status_code == 403 and refused.json()["type"] == "dashboard_read_only"
+    after = client.get(dashboard + "api/jobs/").json()
+    assert [job["submission_id"] for job in after] == [attempt.submission_id]
+    assert world.client("foreign").get(dashboard + "api/jobs/").status_code == 404
+
+
+def check_dashboard_in_a_browser(base: str, world, job_id: int) -> None:
+    """Headless Chromium, signed in by session, opens the job's dashboard: it renders and lists
+    the attempt's Ray job, and its scripts (an opaque origin) cannot read Manta's API."""
+    from django.test import Client
+    from playwright.sync_api import sync_playwright
+
+    session = Client()
+    session.force_login(world.users["viewer"])
+    cookie = {"name": "sessionid", "value": session.cookies["sessionid"].value, "url": base}
+    submission = JobAttempt.objects.get(job_id=job_id).submission_id
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium")
+        try:
+            context = browser.new_context()
+            context.add_cookies([cookie])
+            page = context.new_page()
+            page.goto(f"{base}{WS}jobs/{job_id}/dashboard/#/jobs")
+            assert "/dashboard/-/" in page.url  # the session was traded for a dashboard link
+            page.get_by_text(submission).first.wait_for(timeout=30_000)
+            reads = page.evaluate(
+                "fetch('/api/v1/me/', {credentials: 'include'})"
+                ".then(r => r.status, () => 'blocked')"
+            )
+            assert reads in ("blocked", 401, 403), reads
+            # ... though the same session reads it from a page of Manta's own origin.
+            assert context.new_page().goto(f"{base}/api/v1/me/").status == 200
+            # An opaque origin, whose requests carry no cookie of Manta's.
+            assert page.evaluate("window.origin") == "null"
+            assert page.evaluate("document.cookie") == ""
+        finally:
+            browser.close()
+
+
+def test_cancel_while_running_tears_its_cluster_down_and_the_neighbour_goes_on(
+    world, ray_work_dir, live_server
+):
     """Two clusters side by side; the cancelled one goes, the other runs to success."""
     slow = make_template(world, entrypoint=py("import time; time.sleep(300)"), worker_groups=[])
     ok = make_template(world, entrypoint=marker_entrypoint(sleep=12), worker_groups=[])
     doomed, survivor = submit(world, slow), submit(world, ok)
     wait_for(doomed, {"running"})
     wait_for(survivor, {"running"})
+    check_dashboard_through_manta(world, doomed)
+    check_dashboard_in_a_browser(live_server.url, world, doomed)
     response = world.client("developer").post(f"{WS}jobs/{doomed}/cancel/", {}, format="json")
     assert response.status_code == 200 and response.json()["state"] == "cancelled"
     attempt = JobAttempt.objects.get(job_id=doomed)
@@ -375,6 +438,8 @@ def test_cancel_while_running_tears_its_cluster_down_and_the_neighbour_goes_on(w
     assert attempt.state == "cancelled"
     assert_cluster_gone(attempt, ray_work_dir)
     assert Job.objects.get(pk=doomed).state == "cancelled"
+    gone = world.client("viewer").get(f"{WS}jobs/{doomed}/dashboard/")
+    assert gone.status_code == 409 and "gone" in gone.json()["detail"]
     finished = wait_for(survivor, TERMINAL)
     assert finished.state == "succeeded", (finished.failure_reason, finished.message)
     assert "done" in JobAttempt.objects.get(job_id=survivor).log_archive
