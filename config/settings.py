@@ -20,6 +20,9 @@ env = environ.Env()
 DEBUG = env.bool("DEBUG", default=False)
 # How long an invitation into an organisation can be accepted.
 MANTA_INVITATION_DAYS = env.int("MANTA_INVITATION_DAYS", default=7)
+# Browser sign-in for every user (/api-auth/login/): a session opens a job's Ray Dashboard.
+LOGIN_URL = "rest_framework:login"
+LOGIN_REDIRECT_URL = "/api/docs/"
 # Session and CSRF cookies (the admin panel) only over HTTPS, unless DEBUG.
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("MANTA_SECURE_COOKIES", default=not DEBUG)
 SECRET_KEY = env.str("SECRET_KEY", default="insecure-embedded-default-change-me")

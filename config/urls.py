@@ -25,4 +25,7 @@ urlpatterns = [
     path("readyz", readyz),
     path("", include("jobs.metrics")),  # /metrics
     path("admin/", admin.site.urls),
+    # Sign-in for every user, not only admins: a browser session opens a job's Ray Dashboard
+    # (jobs/api/dashboard.py sends a browser that is not signed in here, and back).
+    path("api-auth/", include("rest_framework.urls")),
 ]

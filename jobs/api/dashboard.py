@@ -24,11 +24,14 @@ import posixpath
 import re
 from urllib.parse import quote
 
+from django.conf import settings
 from django.core import signing
 from django.http import HttpResponse, HttpResponseRedirect
 from django.urls import reverse
+from django.utils.http import urlencode
 from rest_framework import authentication, exceptions
 from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.renderers import JSONRenderer
 
 from config.errors import Conflict, DomainError, Forbidden
 from jobs import selectors
@@ -203,6 +206,9 @@ class JobDashboardViewSet(WorkspaceViewSet):
         SessionReadAuthentication,
     ]
     content_negotiation_class = AnyAccept
+    # Manta's own answers here (refusals, "the cluster is gone") are JSON: a browser asking for
+    # HTML must not get the browsable API, which has no form for a proxy.
+    renderer_classes = [JSONRenderer]
     permission_map = {"proxy": roles.WS_VIEW, "refuse": roles.WS_VIEW}
     schema = None
 
@@ -232,6 +238,21 @@ class JobDashboardViewSet(WorkspaceViewSet):
                 errors={"path": ["acts on the cluster's processes"]},
             )
         return self._forward(request, attempt, path, cross_origin=via_link)
+
+    def handle_exception(self, exc):
+        if isinstance(exc, exceptions.NotAuthenticated) and self._browser_page(self.request):
+            # A person who opened the dashboard's address in a browser not yet signed in: to
+            # the sign-in page, and back here after it.
+            target = urlencode({"next": self.request.get_full_path()})
+            response = HttpResponseRedirect(f"{reverse(settings.LOGIN_URL)}?{target}")
+            response["Cache-Control"] = "no-store"
+            return response
+        return super().handle_exception(exc)
+
+    @staticmethod
+    def _browser_page(request) -> bool:
+        accept = request.headers.get("accept", "")
+        return request.method in ("GET", "HEAD") and "text/html" in accept
 
     def check_action_permission(self) -> None:
         super().check_action_permission()

@@ -3,15 +3,17 @@ against the API under gunicorn with DEBUG off, a real Celery worker and one real
 cluster: an org admin logs in, the admin is styled by Manta's stylesheet (served by WhiteNoise),
 the overview shows usage bars and charts, the approvals inbox approves one job and rejects
 another with a typed reason, the job page shows the attempt and the log lines of a job that ran,
-and /api/docs/ renders every operation with no network beyond this host.
+/api/docs/ renders every operation with no network beyond this host, and a developer signs in
+and opens a running job's Ray Dashboard through Manta (another tenant's gets a 404, and the
+dashboard's job submission API is refused).
 
 Screenshots go to ``$MANTA_ARTIFACTS_DIR`` (``var/artifacts/screenshots`` by default), for CI to
 keep. The module's data is built once (``console``) and the tests read it in order; everything
 is read back over HTTP, as a browser or a client would.
 
-A later step, a developer opening a running job's Ray Dashboard through Manta, has its place
-ready: the ``running_job`` fixture yields a job that sleeps on its cluster until the module
-ends (unused until that step is written, so no second cluster starts today).
+The dashboard step needs a job that is still running: the ``running_job`` fixture starts a
+second cluster for it, before the inbox queues a job that may never start (the organisation's
+queue is FIFO, so nothing queued after it would start).
 """
 
 from __future__ import annotations
@@ -161,9 +163,10 @@ def console(worker, django_db_blocker, tmp_path_factory):
         WorkspaceQuotaFactory(workspace=research, guaranteed_cpu=1, max_running_jobs=0)
         past_week(world.ws)
         # The server checks passwords with the production hashers (the tests' settings use MD5).
-        admin = world.users["org_admin"]
-        admin.password = PBKDF2PasswordHasher().encode(PASSWORD, "console-e2e-salt")
-        admin.save(update_fields=["password"])
+        for who in ("org_admin", "developer", "foreign"):
+            user = world.users[who]
+            user.password = PBKDF2PasswordHasher().encode(PASSWORD, "console-e2e-salt")
+            user.save(update_fields=["password"])
         for ws in (world.ws, research):
             ws.approval_policy = "always"
             ws.save(update_fields=["approval_policy"])
@@ -201,7 +204,11 @@ def running_job(console):
     job = submit(api, developer, "ml", template_id, "sleeps")
     api.call(console.world.tokens["org_admin"], "POST", f"{ORG}workspaces/ml/jobs/{job}/approve/")
     path = f"{ORG}workspaces/ml/jobs/{job}/"
-    wait_until(lambda: console.get("developer", path)["state"] == "running", 120, lambda: path)
+    wait_until(
+        lambda: console.get("developer", path)["state"] == "running",
+        120,
+        lambda: f"{path}: {console.get('developer', path)}",
+    )
     yield job
     api.call(owner, "POST", f"{path}cancel/", {"reason": "the module is done"})
 
@@ -267,6 +274,54 @@ def test_login_page_and_admin_are_styled_by_manta(console, browser):
     assert page.locator("#manta-console").is_visible()
     assert page.locator("#manta-console").get_by_text("Acme").count() >= 1
     shoot(page, "index")
+    page.context.close()
+
+
+def sign_in(browser, console: Console, path: str, email: str):
+    """A new browser context that opens ``path`` not signed in, is sent to the sign-in page
+    (every user's, not the admin's), signs in there and is sent back; and its page."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.goto(console.api.base + path)
+    assert urlsplit(page.url).path == "/api-auth/login/", page.url
+    page.fill("#id_username", email)
+    page.fill("#id_password", PASSWORD)
+    page.click("[type=submit]")
+    page.wait_for_load_state()
+    return page
+
+
+def test_a_developer_opens_a_running_jobs_ray_dashboard_through_manta(
+    console, browser, running_job
+):
+    job = f"{ORG}workspaces/ml/jobs/{running_job}/"
+    [attempt] = console.get("developer", job)["attempts"]
+    assert attempt["dashboard_url"] == f"{job}dashboard/"  # Manta's path, not the worker's
+    page = sign_in(browser, console, f"{job}dashboard/#/jobs", "dev@acme.test")
+    assert "/dashboard/-/" in page.url  # the session was traded for a dashboard link
+    page.get_by_text(attempt["submission_id"]).first.wait_for(timeout=30_000)
+    shoot(page, "ray-dashboard")
+    # The page has an opaque origin: its scripts cannot use the developer's Manta session.
+    assert page.evaluate("window.origin") == "null"
+    reads = page.evaluate(
+        "fetch('/api/v1/me/', {credentials: 'include'}).then(r => r.status, () => 'blocked')"
+    )
+    assert reads in ("blocked", 401, 403), reads
+    # The dashboard's job submission API is refused, with the developer's own session.
+    submitted = page.context.request.post(
+        f"{console.api.base}{job}dashboard/api/jobs/", data={"entrypoint": "echo second job"}
+    )
+    assert submitted.status == 403, submitted.text()
+    assert submitted.json()["type"] == "dashboard_read_only"
+    jobs = page.context.request.get(f"{console.api.base}{job}dashboard/api/jobs/")
+    assert [ray_job["submission_id"] for ray_job in jobs.json()] == [attempt["submission_id"]]
+    page.context.close()
+
+    # Another tenant, signed in, finds no such organisation (so no such job).
+    page = sign_in(browser, console, f"{job}dashboard/", "owner@globex.test")
+    body = page.inner_text("body")
+    assert '"type":"not_found"' in body and "No such organisation." in body, body[:500]
+    assert page.context.request.get(f"{console.api.base}{job}dashboard/").status == 404
     page.context.close()
 
 

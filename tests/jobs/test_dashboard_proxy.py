@@ -16,13 +16,15 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.test import Client
 from django.utils import timezone
+from django.utils.http import urlencode
 from rest_framework.test import APIClient
 
 from config import secrets
 from jobs.api import dashboard
 from jobs.models import AttemptState, JobState
-from tests.conftest import SYSTEM
+from tests.conftest import PASSWORD, SYSTEM
 from tests.factories import JobAttemptFactory, JobFactory
 from tests.launchers.hostile_dashboard import Drip, Flood, HostileDashboard, Recorder, http_answer
 from tests.matrix import WS_VISIBLE
@@ -242,12 +244,33 @@ def test_another_workspaces_job_is_a_404(world, upstream):
     response = world.client("owner").get(f"{WS}jobs/{other.pk}/dashboard/")
     assert response.status_code == 404
     assert response.json() == {"type": "not_found", "detail": "No such job.", "errors": {}}
+    # A browser asking for HTML gets the same answer (JSON: no browsable API for a proxy).
+    browser = world.client("owner").get(f"{WS}jobs/{other.pk}/dashboard/", HTTP_ACCEPT="text/html")
+    assert browser.status_code == 404 and browser.json()["detail"] == "No such job."
 
 
 def test_anonymous_is_refused(world, upstream):
     job = running_job(world, upstream.url)
     assert APIClient().get(url_of(job)).status_code == 401
     assert upstream.seen == []
+
+
+def test_a_browser_not_signed_in_is_sent_to_sign_in_and_back(world, upstream):
+    job = running_job(world, upstream.url)
+    page = url_of(job, "static/js/main.js") + "?x=1"
+    answer = Client().get(page, HTTP_ACCEPT="text/html,application/xhtml+xml")
+    assert answer.status_code == 302
+    assert answer["Location"] == "/api-auth/login/?" + urlencode({"next": page})
+    assert upstream.seen == []
+    # The sign-in page is there for any user, not only admins, and sends them back.
+    viewer = world.users["viewer"]
+    signed_in = Client()
+    form = {"username": viewer.email, "password": PASSWORD, "next": page}
+    signed_in.get(answer["Location"])
+    done = signed_in.post("/api-auth/login/", form)
+    assert done.status_code == 302 and done["Location"] == page
+    # A write from a browser not signed in is still only a 401: nothing to come back to.
+    assert Client().post(url_of(job, "api/jobs/"), HTTP_ACCEPT="text/html").status_code == 401
 
 
 def test_a_queued_or_finished_job_says_the_dashboard_is_not_there(world):
