@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock requirements-dev.lock cli/pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: install system-deps test-deps test demo lint format lock bench migrate serve worker clean
+.PHONY: install test-tools system-deps test-deps test demo lint format lock bench migrate serve worker clean
 
 # Debian packages the local target's sandbox uses, as command:package (util-linux's
 # unshare/nsenter/setpriv/mount are on every Debian): slirp4netns gives sandboxes outbound NAT,
@@ -29,7 +29,21 @@ $(STAMP): | requirements.lock requirements-dev.lock cli/pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
+# openapi-python-client (tests/test_openapi_client.py generates a client from the schema with
+# it) pins httpx and typer below the project's own, so it gets a venv of its own.
+OPENAPI_VENV := .venv-openapi
+OPENAPI_STAMP := $(OPENAPI_VENV)/.installed-$(shell cat requirements-openapi.lock | sha1sum | cut -c1-12)
+
+$(OPENAPI_STAMP): | requirements-openapi.lock
+	test -x $(OPENAPI_VENV)/bin/python || $(PYTHON) -m venv $(OPENAPI_VENV)
+	$(OPENAPI_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-openapi.lock
+	rm -f $(OPENAPI_VENV)/.installed-*
+	touch $(OPENAPI_STAMP)
+
 install: $(STAMP)
+
+# What only the tests use beyond .venv (make test runs it; make serve and make demo do not).
+test-tools: $(OPENAPI_STAMP)
 
 # apt-get install the packages of the command:package / library:package pairs that are missing.
 define apt_missing
@@ -49,7 +63,7 @@ system-deps:
 test-deps:
 	@$(call apt_missing,$(TEST_TOOLS),)
 
-test: install system-deps test-deps
+test: install test-tools system-deps test-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest $(PYTEST_ARGS)
@@ -66,7 +80,8 @@ format: install
 # Re-resolve the pinned direct dependencies in a throwaway venv: requirements.in into
 # requirements.lock (the server image's set), then requirements-dev.in on top of exactly those
 # versions into requirements-dev.lock (the dev venv's set; a dev tool that needs another version
-# of a runtime dependency fails here instead of drifting from the image).
+# of a runtime dependency fails here instead of drifting from the image); and
+# requirements-openapi.in, alone, into requirements-openapi.lock (the tool venv's set).
 LOCK_VENV := /tmp/manta-lock
 lock:
 	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
@@ -75,6 +90,10 @@ lock:
 	$(LOCK_VENV)/bin/pip install -q -r requirements-dev.in -c $(LOCK_VENV)/requirements.lock
 	$(LOCK_VENV)/bin/pip freeze | grep -v '^-e' > $(LOCK_VENV)/requirements-dev.lock
 	cp $(LOCK_VENV)/requirements.lock $(LOCK_VENV)/requirements-dev.lock . && rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/pip install -q -r requirements-openapi.in
+	{ head -1 requirements-openapi.lock; $(LOCK_VENV)/bin/pip freeze | grep -v '^-e' | sort -f; } \
+	  > $(LOCK_VENV)/requirements-openapi.lock
+	cp $(LOCK_VENV)/requirements-openapi.lock . && rm -rf $(LOCK_VENV)
 
 migrate: install
 	$(BIN)/python manage.py migrate --noinput

@@ -47,14 +47,20 @@ class PackageViewSet(ThrottledViewMixin, WorkspaceViewSet):
 
     @extend_schema(
         operation_id="packages_upload",
-        request={"application/zip": OpenApiTypes.BINARY},
+        # The body is the zip's bytes, streamed. The view also takes application/zip and
+        # application/x-zip-compressed (ZIP_TYPES); the schema names the generic binary type,
+        # which client generators send as raw bytes (openapi-python-client skips an operation
+        # whose only body type it does not know, such as application/zip).
+        request={"application/octet-stream": OpenApiTypes.BINARY},
         responses={
             201: PackageOutput,
             200: OpenApiResponse(PackageOutput, description="This content was uploaded before"),
             413: OpenApiResponse(description="Larger than MANTA_PACKAGE_MAX_BYTES"),
         },
-        description="The body is a zip of a working directory (paths relative to it, no `..`, "
-        f"no absolute paths, no links, at most {services.MAX_ENTRIES} entries), at most "
+        description="The body is a zip of a working directory, sent as raw bytes with "
+        "Content-Type application/octet-stream (application/zip and "
+        "application/x-zip-compressed are taken too): paths relative to it, no `..`, "
+        f"no absolute paths, no links, at most {services.MAX_ENTRIES} entries, at most "
         "MANTA_PACKAGE_MAX_BYTES (default 100 MiB). New content must fit the workspace's "
         "package storage (MANTA_PACKAGE_STORAGE_GB, MANTA_PACKAGE_STORAGE_COUNT): otherwise "
         "409 `package_storage_exceeded`; content the workspace holds already answers 200 "
@@ -89,8 +95,14 @@ class PackageDownloadView(APIView):
     @extend_schema(
         operation_id="package_download",
         auth=[],
-        responses={(200, "application/zip"): OpenApiTypes.BINARY},
-        description="404 for a link Manta did not sign, one that expired, or deleted content.",
+        # Served as application/zip; listed as application/octet-stream too, so that client
+        # generators that know only the generic binary type return the bytes.
+        responses={
+            (200, "application/zip"): OpenApiTypes.BINARY,
+            (200, "application/octet-stream"): OpenApiTypes.BINARY,
+        },
+        description="The package's zip (served as application/zip). 404 for a link Manta did "
+        "not sign, one that expired, or deleted content.",
     )
     def get(self, request, token=None):
         blob = services.download_open(token)
