@@ -279,10 +279,8 @@ class DryRunOutput(serializers.Serializer):
     is created."""
 
     dry_run = serializers.SerializerMethodField()
-    state = serializers.ChoiceField(
-        source="job.state",
-        choices=JobState.choices,
-        help_text="The state the job would enter: queued, or pending_approval",
+    state = serializers.CharField(
+        source="job.state", help_text="The state the job would enter: queued or pending_approval"
     )
     approval_reason = serializers.CharField(source="job.approval_reason", allow_blank=True)
     requested = ResourcesOutput(source="job.requested")
