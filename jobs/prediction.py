@@ -70,14 +70,30 @@ class Running:
     ends: tuple[float, float]  # (p50, p90)
 
 
+@dataclasses.dataclass(eq=False, slots=True)
+class Queued:
+    """A queued job as admission weighs it (a ``quotas.ledger.Claim``), held in memory: a
+    replay asks what blocks each one at every simulated pass."""
+
+    pk: int
+    workspace_id: int
+    organization_id: int
+    priority: int
+    queued_at: dt.datetime
+    requested: dict[str, float]
+    max_runtime_seconds: int
+    template_id: int | None
+    state: str = JobState.QUEUED
+
+
 class SimulatedQueue:
     """The queue as :func:`admission.plan` reads it (see ``admission.DatabaseQueue``), held in
     memory in base order."""
 
-    def __init__(self, jobs: list[Job]):
-        self.queued = jobs
+    def __init__(self, queued: list[Queued]):
+        self.queued = queued
 
-    def jobs(self, workspace_id: int | None = None) -> Iterator[Job]:
+    def jobs(self, workspace_id: int | None = None) -> Iterator[Queued]:
         if workspace_id is None:
             return iter(self.queued)
         return (job for job in self.queued if job.workspace_id == workspace_id)
@@ -140,27 +156,57 @@ def _remaining(runtime: Runtime, elapsed: float) -> tuple[float, float]:
     return ends[0], ends[1]
 
 
-def _queue(job: Job, now: dt.datetime) -> tuple[list[Job], Job | None]:
+def _queue(job: Job, now: dt.datetime) -> tuple[list[Queued], Queued | None]:
     """The first :data:`MAX_AHEAD` queued jobs of the organisation in base order with ``job``
-    in its place (a job not yet queued is placed last, as if queued now), and the object that
+    in its place (a job not yet queued is placed last, as if queued now), and the entry that
     stands for ``job`` in it; None when it is further back."""
-    rows = list(
-        admission._scan(admission._queued(job.organization_id)).annotate(
-            template_id=F("template_version__template_id")
+    org_id = job.organization_id
+    rows = (
+        admission._scan(admission._queued(org_id))
+        .annotate(template_id=F("template_version__template_id"))
+        .values_list(
+            "pk",
+            "workspace_id",
+            "priority",
+            "queued_at",
+            *(f"requested_{name}" for name in RESOURCES),
+            "scanned_max_runtime",
+            "template_id",
         )[: MAX_AHEAD + 1]
     )
+    queue = [
+        Queued(
+            pk,
+            ws_id,
+            org_id,
+            priority,
+            queued_at,
+            dict(zip(RESOURCES, amounts, strict=True)),
+            max_runtime or 0,
+            template_id,
+        )
+        for pk, ws_id, priority, queued_at, *amounts, max_runtime, template_id in rows
+    ]
     if job.pk is not None and job.state == JobState.QUEUED:
-        subject = next((row for row in rows if row.pk == job.pk), None)
-        return rows[:MAX_AHEAD], subject
-    subject = copy.copy(job)  # pending approval, or not submitted: queued now, after the others
-    subject.pk, subject.queued_at = VIRTUAL_PK, now
-    subject.template_id = job.template_version.template_id if job.template_version_id else None
+        subject = next((queued for queued in queue if queued.pk == job.pk), None)
+        return queue[:MAX_AHEAD], subject
+    # Pending approval, or not submitted: as if queued now, after every queued job.
+    subject = Queued(
+        VIRTUAL_PK,
+        job.workspace_id,
+        org_id,
+        job.priority,
+        now,
+        job.requested,
+        job.max_runtime_seconds,
+        job.template_version.template_id if job.template_version_id else None,
+    )
     key = (-subject.priority, now, VIRTUAL_PK)
-    rows = [row for row in rows if (-row.priority, row.queued_at, row.pk) < key]
-    if len(rows) >= MAX_AHEAD:
-        return rows, None
-    rows.append(subject)
-    return rows, subject
+    queue = [queued for queued in queue if (-queued.priority, queued.queued_at, queued.pk) < key]
+    if len(queue) >= MAX_AHEAD:
+        return queue, None
+    queue.append(subject)
+    return queue, subject
 
 
 def _running(organization_id: int, on_host: set[int], now: dt.datetime) -> list[tuple]:
@@ -192,8 +238,8 @@ def _running(organization_id: int, on_host: set[int], now: dt.datetime) -> list[
 
 def _replay(
     ledger,
-    job: Job,
-    queue: list[Job],
+    job: Queued,
+    queue: list[Queued],
     running: list[Running],
     runtimes: dict[int, Runtime],
     quantile: int,
