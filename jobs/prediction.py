@@ -158,8 +158,9 @@ def _remaining(runtime: Runtime, elapsed: float) -> tuple[float, float]:
 
 def _queue(job: Job, now: dt.datetime) -> tuple[list[Queued], Queued | None]:
     """The first :data:`MAX_AHEAD` queued jobs of the organisation in base order with ``job``
-    in its place (a job not yet queued is placed last, as if queued now), and the entry that
-    stands for ``job`` in it; None when it is further back."""
+    in its place (a job not yet queued goes where it would if queued now: after every job of
+    its priority or higher), and the entry that stands for ``job`` in it; None when it is
+    further back."""
     org_id = job.organization_id
     rows = (
         admission._scan(admission._queued(org_id))
@@ -188,8 +189,8 @@ def _queue(job: Job, now: dt.datetime) -> tuple[list[Queued], Queued | None]:
         for pk, ws_id, priority, queued_at, *amounts, max_runtime, template_id in rows
     ]
     if job.pk is not None and job.state == JobState.QUEUED:
-        subject = next((queued for queued in queue if queued.pk == job.pk), None)
-        return queue[:MAX_AHEAD], subject
+        queue = queue[:MAX_AHEAD]
+        return queue, next((queued for queued in queue if queued.pk == job.pk), None)
     # Pending approval, or not submitted: as if queued now, after every queued job.
     subject = Queued(
         VIRTUAL_PK,
@@ -202,11 +203,11 @@ def _queue(job: Job, now: dt.datetime) -> tuple[list[Queued], Queued | None]:
         job.template_version.template_id if job.template_version_id else None,
     )
     key = (-subject.priority, now, VIRTUAL_PK)
-    queue = [queued for queued in queue if (-queued.priority, queued.queued_at, queued.pk) < key]
-    if len(queue) >= MAX_AHEAD:
-        return queue, None
-    queue.append(subject)
-    return queue, subject
+    ahead = [queued for queued in queue if (-queued.priority, queued.queued_at, queued.pk) < key]
+    if len(ahead) >= MAX_AHEAD:
+        return ahead, None
+    behind = [queued for queued in queue if (-queued.priority, queued.queued_at, queued.pk) > key]
+    return [*ahead, subject, *behind][:MAX_AHEAD], subject
 
 
 def _running(organization_id: int, on_host: set[int], now: dt.datetime) -> list[tuple]:

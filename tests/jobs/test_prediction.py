@@ -188,3 +188,21 @@ def test_a_queued_jobs_detail_shows_its_predicted_start(world, gpu_template):
     p50 = dt.datetime.fromisoformat(predicted["p50"])
     assert 2890 <= (p50 - timezone.now()).total_seconds() <= 2900
     assert predicted["p90"] == predicted["p50"] and predicted["why_unknown"] == ""
+
+
+def test_an_unsubmitted_job_takes_its_place_by_priority(world, gpu_template):
+    capacity(world, 2)
+    now = timezone.now()
+    run_for(world, gpu_template, seconds_ago=0, now=now)
+    queued = [submit(world, gpu_template) for _ in range(2)]
+    actor = Actor.for_user(world.users["owner"])
+    urgent = job_services.job_prepare(
+        actor=actor, workspace=world.ws, template=gpu_template, overrides={"priority": 9}
+    )
+    normal = job_services.job_prepare(actor=actor, workspace=world.ws, template=gpu_template)
+    assert urgent.pk is None and normal.pk is None  # nothing saved
+    first = prediction.predict_start(urgent, now=now)
+    assert (first.position, seconds_after(now, first.p50)) == (1, MAX_RUNTIME)
+    last = prediction.predict_start(normal, now=now)
+    assert (last.position, seconds_after(now, last.p50)) == (3, 3 * MAX_RUNTIME)
+    assert Job.objects.filter(state=JobState.QUEUED).count() == len(queued)
