@@ -192,7 +192,7 @@ def test_a_queued_jobs_detail_shows_its_predicted_start(world, gpu_template):
 
 def test_an_unsubmitted_job_takes_its_place_by_priority(world, gpu_template):
     capacity(world, 2)
-    now = timezone.now()
+    now = timezone.now() + dt.timedelta(seconds=30)  # after the queued jobs below
     run_for(world, gpu_template, seconds_ago=0, now=now)
     queued = [submit(world, gpu_template) for _ in range(2)]
     actor = Actor.for_user(world.users["owner"])
