@@ -181,7 +181,7 @@ def _queue(job: Job, now: dt.datetime) -> tuple[list[Queued], Queued | None]:
             ws_id,
             org_id,
             priority,
-            queued_at,
+            queued_at or now,  # never None for a queued job; a sort key must not be
             dict(zip(RESOURCES, amounts, strict=True)),
             max_runtime or 0,
             template_id,
