@@ -12,8 +12,8 @@ from audit.context import Actor
 from jobs import admission, prediction
 from jobs import services as job_services
 from jobs.models import AttemptState, Job, JobAttempt, JobState
-from quotas.models import OrgQuota, Reservation
-from tests.factories import JobAttemptFactory, JobFactory, JobTemplateFactory
+from quotas.models import OrgQuota, Reservation, WorkspaceQuota
+from tests.factories import JobAttemptFactory, JobFactory, JobTemplateFactory, WorkspaceFactory
 
 MAX_RUNTIME = 3000
 
@@ -206,3 +206,28 @@ def test_an_unsubmitted_job_takes_its_place_by_priority(world, gpu_template):
     last = prediction.predict_start(normal, now=now)
     assert (last.position, seconds_after(now, last.p50)) == (3, 3 * MAX_RUNTIME)
     assert Job.objects.filter(state=JobState.QUEUED).count() == len(queued)
+
+
+def test_fair_share_predicts_the_workspace_below_its_share_first(world, gpu_template):
+    other = WorkspaceFactory(organization=world.org, slug="other")
+    for workspace in (world.ws, other):
+        WorkspaceQuota.objects.create(workspace=workspace, guaranteed_gpu=2)
+    other_template = JobTemplateFactory(
+        workspace=other,
+        name="train",
+        version__spec_changes=gpu_template.versions.get().spec,
+    )
+    capacity(world, 4, policy="fifo")
+    now = timezone.now() + dt.timedelta(seconds=30)
+    run_for(world, gpu_template, seconds_ago=0, now=now)  # ml holds its whole guarantee
+    mine = submit(world, gpu_template)
+    theirs = job_services.job_submit(
+        actor=Actor.for_user(world.users["owner"]), workspace=other, template=other_template
+    )
+    assert prediction.predict_start(mine, now=now).position == 0  # fifo: first come
+    assert prediction.predict_start(theirs, now=now).position == 2  # one job goes before it
+
+    OrgQuota.objects.filter(organization=world.org).update(policy="fair_share")
+    assert prediction.predict_start(theirs, now=now).position == 0  # other is below its share
+    waiting = prediction.predict_start(mine, now=now)
+    assert (waiting.position, seconds_after(now, waiting.p50)) == (2, MAX_RUNTIME)
