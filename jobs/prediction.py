@@ -210,7 +210,7 @@ def _queue(job: Job, now: dt.datetime) -> tuple[list[Queued], Queued | None]:
     return [*ahead, subject, *behind][:MAX_AHEAD], subject
 
 
-def _running(organization_id: int, on_host: set[int], now: dt.datetime) -> list[tuple]:
+def _running(organization_id: int, on_host: set[int]) -> list[tuple]:
     """The active reservations that can make room: the organisation's, and, when it launches
     on the shared local host, every organisation's there."""
     which = Q(organization_id=organization_id)
@@ -306,7 +306,7 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
             None,
             f"more than {MAX_AHEAD} queued jobs come before it: too far back to predict",
         )
-    rows = _running(job.organization_id, on_host, now)
+    rows = _running(job.organization_id, on_host)
     history = template_runtimes([row[4] for row in rows] + [queued.template_id for queued in queue])
     running = []
     for org_id, ws_id, created, max_runtime, template_id, *amounts in rows:
