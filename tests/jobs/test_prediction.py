@@ -164,7 +164,7 @@ def test_queries_are_fixed_whatever_the_queue_length(world, gpu_template):
 
     short = queries(jobs[-1])
     jobs += [submit(world, gpu_template) for _ in range(30)]
-    assert queries(jobs[-1]) == short <= 10
+    assert queries(jobs[-1]) == short <= 12  # 9 today: ledger, queue, running, history
 
 
 def test_too_far_back_to_predict(world, gpu_template, monkeypatch):
