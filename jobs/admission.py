@@ -15,7 +15,9 @@ workspace's queue or GPU budget has no room for.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import heapq
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.db import connection, transaction
@@ -87,17 +89,53 @@ def _queued(organization_id: int):
     )
 
 
-def plan(ledger: Ledger, organization_id: int, policy: str, max_wait: float) -> list[Job]:
+class DatabaseQueue:
+    """The queue an admission pass reads: the organisation's queued jobs, in base order, read
+    lazily from the database. A prediction (``jobs/prediction.py``) hands :func:`plan` a queue
+    of its own, held in memory, with the same two methods."""
+
+    def __init__(self, organization_id: int):
+        self.organization_id = organization_id
+
+    def jobs(self, workspace_id: int | None = None) -> Iterator[Job]:
+        """Queued jobs (of one workspace, when given) in base order."""
+        queued = _queued(self.organization_id)
+        if workspace_id is None:
+            return _scan(queued).iterator(chunk_size=QUEUE_CHUNK)
+        return _scan(queued.filter(workspace_id=workspace_id)).iterator(chunk_size=64)
+
+    def workspace_ids(self) -> Iterable[int]:
+        """The workspaces with queued jobs."""
+        return (
+            Job.objects.filter(organization_id=self.organization_id, state=JobState.QUEUED)
+            .order_by()  # no default ordering: it would defeat the DISTINCT
+            .values_list("workspace_id", flat=True)
+            .distinct()
+        )
+
+
+def plan(
+    ledger: Ledger,
+    organization_id: int,
+    policy: str,
+    max_wait: float,
+    *,
+    queue: DatabaseQueue | None = None,
+    now: dt.datetime | None = None,
+) -> list[Job]:
     """The jobs to admit now, in admission order (``ledger`` is updated as they are held).
 
     The queue is read lazily, in chunks, so a pass costs what it admits, not what is queued.
+    ``queue`` and ``now`` default to the database's queue and the present; a prediction passes
+    a simulated queue and clock.
     """
+    queue = queue or DatabaseQueue(organization_id)
     if policy == QueuePolicy.FAIR_SHARE:
-        return _plan_fair_share(ledger, organization_id)
+        return _plan_fair_share(ledger, organization_id, queue)
     admitted: list[Job] = []
-    now = timezone.now()
+    now = now or timezone.now()
     misses = 0
-    for job in _scan(_queued(organization_id)).iterator(chunk_size=QUEUE_CHUNK):
+    for job in queue.jobs():
         if ledger.blocker(job):
             if policy == QueuePolicy.FIFO:
                 break
@@ -118,19 +156,10 @@ def _fair_key(ledger: Ledger, ws_id: int, job: Job) -> tuple:
     return (ledger.dominant_share(ws_id), -job.priority, job.queued_at, job.pk, ws_id, job)
 
 
-def _plan_fair_share(ledger: Ledger, organization_id: int) -> list[Job]:
+def _plan_fair_share(ledger: Ledger, organization_id: int, queue: DatabaseQueue) -> list[Job]:
     """Next job from the workspace with the lowest dominant share, until no workspace's head
     fits; each workspace's queue is read on demand."""
-    workspace_ids = (
-        Job.objects.filter(organization_id=organization_id, state=JobState.QUEUED)
-        .order_by()  # no default ordering: it would defeat the DISTINCT
-        .values_list("workspace_id", flat=True)
-        .distinct()
-    )
-    queues = {
-        ws: _scan(_queued(organization_id).filter(workspace_id=ws)).iterator(chunk_size=64)
-        for ws in workspace_ids
-    }
+    queues = {ws: queue.jobs(ws) for ws in queue.workspace_ids()}
     # A heap of each workspace's head, keyed by its workspace's dominant share: only the
     # workspace that just got a job changes its share, so the heap stays valid.
     heap = []

@@ -278,8 +278,7 @@ def requested_for(workspace: Workspace, spec: dict) -> tuple[dict[str, float], b
     return {**requested, **(enforced or {})}, config is not None
 
 
-@transaction.atomic
-def job_submit(
+def job_prepare(
     *,
     actor: Actor,
     workspace: Workspace,
@@ -288,9 +287,8 @@ def job_submit(
     name: str = "",
     overrides: dict[str, Any] | None = None,
 ) -> Job:
-    """Submit a job from the template's latest version, or (``template=None``) with a ``spec``
-    of its own where the workspace allows ad-hoc jobs. (A retried request is answered by the
-    API's ``Idempotency-Key`` handling before it gets here.)"""
+    """The job a submission would create, validated as :func:`job_submit` validates it, and
+    not saved: what a dry run answers about (``jobs.prediction``)."""
     overrides = overrides or {}
     require_active(workspace)
     if template is None:
@@ -306,7 +304,7 @@ def job_submit(
     requested, on_host = requested_for(workspace, spec)
     check_submission(workspace, requested, spec, host_capacity() if on_host else None)
     reason = approval_needed(workspace, spec, requested)
-    job = Job.objects.create(
+    return Job(
         organization=workspace.organization,
         workspace=workspace,
         template_version=version,
@@ -324,6 +322,31 @@ def job_submit(
         approval_reason=reason,
         queued_at=None if reason else timezone.now(),
     )
+
+
+@transaction.atomic
+def job_submit(
+    *,
+    actor: Actor,
+    workspace: Workspace,
+    template: JobTemplate | None,
+    spec: dict[str, Any] | None = None,
+    name: str = "",
+    overrides: dict[str, Any] | None = None,
+) -> Job:
+    """Submit a job from the template's latest version, or (``template=None``) with a ``spec``
+    of its own where the workspace allows ad-hoc jobs. (A retried request is answered by the
+    API's ``Idempotency-Key`` handling before it gets here.)"""
+    job = job_prepare(
+        actor=actor,
+        workspace=workspace,
+        template=template,
+        spec=spec,
+        name=name,
+        overrides=overrides,
+    )
+    job.save(force_insert=True)
+    version, reason = job.template_version, job.approval_reason
     job = Job.objects.select_related("workspace", "organization", "submitted_by").get(pk=job.pk)
     record_event(
         job,

@@ -143,15 +143,25 @@ class Client:
         """Submit from a template (its id, with ``overrides``) or, where the workspace allows
         ad-hoc jobs, from a whole ``spec``. Sending the same ``idempotency_key`` again returns
         the first job instead of a second one."""
-        if (template is None) == (spec is None):
-            raise ValueError("give either template or spec")
-        body: JsonDict = {"template": template} if template is not None else {"spec": spec}
-        if name:
-            body["name"] = name
-        if overrides:
-            body["overrides"] = dict(overrides)
+        body = _submission(template, spec, name, overrides)
         path = self._ws_path("jobs/")
         return cast(Job, self._create(path, json=body, idempotency_key=idempotency_key))
+
+    def dry_run_job(
+        self,
+        *,
+        template: int | None = None,
+        spec: Mapping[str, Any] | None = None,
+        name: str = "",
+        overrides: Mapping[str, Any] | None = None,
+    ) -> JsonDict:
+        """What :meth:`submit_job` with these arguments would do now, creating nothing: whether
+        the job would be admitted at once, its place in the queue, what it would wait for
+        (``blocker``) and its predicted start (``predicted_start``: ``p50``, ``p90``). Bad input
+        raises the same :class:`ApiError` a submission would."""
+        body = _submission(template, spec, name, overrides)
+        path = self._ws_path("jobs/")
+        return self._request("POST", path, params={"dry_run": "true"}, json=body, retry=True).json()
 
     def cancel_job(self, job_id: int, reason: str = "") -> Job:
         return cast(Job, self._post(self._ws_path(f"jobs/{job_id}/cancel/"), {"reason": reason}))
@@ -296,3 +306,19 @@ class Client:
                     return response
             time.sleep(0.5 * 2**attempt)
         raise AssertionError("unreachable")
+
+
+def _submission(
+    template: int | None,
+    spec: Mapping[str, Any] | None,
+    name: str,
+    overrides: Mapping[str, Any] | None,
+) -> JsonDict:
+    if (template is None) == (spec is None):
+        raise ValueError("give either template or spec")
+    body: JsonDict = {"template": template} if template is not None else {"spec": spec}
+    if name:
+        body["name"] = name
+    if overrides:
+        body["overrides"] = dict(overrides)
+    return body

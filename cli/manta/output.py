@@ -123,6 +123,9 @@ def job_detail(job: Job) -> list[Any]:
     ]
     if job.get("approval_required"):
         lines.append(f"  approval:  {escape(job.get('approval_reason', ''))}")
+    predicted = (job.get("queue") or {}).get("predicted_start")
+    if predicted:
+        lines.append(f"  expected:  {escape(expected_start(predicted))}")
     entrypoint = (job.get("spec") or {}).get("entrypoint")
     if entrypoint:
         lines.append(f"  entrypoint: {escape(entrypoint)}")
@@ -226,3 +229,33 @@ def show_job(job: Job, *, as_json: bool, submitted: bool = False) -> None:
         console.print(f"submitted job [bold]{job['id']}[/] ({escape(job.get('name', ''))})")
     for line in job_detail(job):
         console.print(line)
+
+
+def expected_start(predicted: dict[str, Any]) -> str:
+    """A predicted start (``p50``, ``p90``) in words."""
+    if not predicted.get("p50"):
+        return f"no predicted start: {predicted.get('why_unknown') or 'it may never fit'}"
+    p50, p90 = (str(predicted.get(key) or "")[:19].replace("T", " ") for key in ("p50", "p90"))
+    return f"to start around {p50} UTC (by {p90} UTC at the 90th percentile)"
+
+
+def show_dry_run(answer: dict[str, Any], *, as_json: bool) -> None:
+    """What ``manta submit --dry-run`` answers: nothing was submitted."""
+    if as_json:
+        print_json(answer)
+        return
+    console = stdout()
+    if answer.get("would_admit_now"):
+        console.print("dry run: the job would be admitted now (nothing was submitted)")
+    else:
+        state = answer.get("state", "")
+        why = answer.get("blocker") or "its place in the queue"
+        where = "pending approval" if state == "pending_approval" else "queued"
+        console.print(
+            f"dry run: the job would wait, {where}, at position {answer.get('position')} "
+            f"for {escape(why)} (nothing was submitted)"
+        )
+        if answer.get("approval_reason"):
+            console.print(f"  approval:  {escape(answer['approval_reason'])}")
+    console.print(f"  requested: {resources(answer.get('requested'))}")
+    console.print(f"  expected:  {escape(expected_start(answer.get('predicted_start') or {}))}")

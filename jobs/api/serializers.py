@@ -4,6 +4,7 @@ from rest_framework import serializers
 from config.strict import StrictSerializer
 from jobs import spec as job_spec
 from jobs.api import dashboard, examples
+from jobs.metrics_snapshot import REASONS
 from jobs.models import Job, JobAttempt, JobEvent, JobState, JobTemplate, JobTemplateVersion
 from workspaces.models import ComputeTargetKind
 
@@ -243,14 +244,64 @@ class JobOutput(serializers.ModelSerializer):
 
     def get_queue(self, job) -> dict | None:
         from jobs.admission import explain
+        from jobs.prediction import predict_start
 
-        return explain(job) if self.context.get("explain") else None
+        if not self.context.get("explain"):
+            return None
+        queue = explain(job)
+        if queue is not None:
+            queue["predicted_start"] = PredictedStartOutput(predict_start(job)).data
+        return queue
 
     def get_template(self, job) -> dict | None:
         if job.template_version is None:
             return None  # an ad-hoc job
         template = job.template_version.template
         return {"id": template.pk, "name": template.name}
+
+
+class PredictedStartOutput(serializers.Serializer):
+    """When the job is expected to be admitted (see docs/prediction.md)."""
+
+    p50 = serializers.DateTimeField(allow_null=True, help_text="Median; null: cannot predict")
+    p90 = serializers.DateTimeField(allow_null=True, help_text="90th percentile")
+    why_unknown = serializers.CharField(
+        allow_blank=True, help_text="When p50 is null: why there is no prediction"
+    )
+
+
+class SubmitQuery(serializers.Serializer):
+    dry_run = serializers.BooleanField(required=False, default=False)
+
+
+class DryRunOutput(serializers.Serializer):
+    """What ``POST …/jobs/?dry_run=true`` answers: what the submission would do now. Nothing
+    is created."""
+
+    dry_run = serializers.SerializerMethodField()
+    state = serializers.CharField(
+        source="job.state", help_text="The state the job would enter: queued or pending_approval"
+    )
+    approval_reason = serializers.CharField(source="job.approval_reason", allow_blank=True)
+    requested = ResourcesOutput(source="job.requested")
+    would_admit_now = serializers.BooleanField(
+        help_text="Whether the next admission pass would admit it"
+    )
+    position = serializers.IntegerField(
+        source="prediction.position",
+        help_text="Its place in the organisation's admission order (0: admitted now)",
+    )
+    blocker = serializers.ChoiceField(
+        source="prediction.blocker",
+        choices=REASONS,
+        allow_null=True,
+        help_text="What it would wait for (a why-waiting reason); null when it would be "
+        "admitted now",
+    )
+    predicted_start = PredictedStartOutput(source="prediction")
+
+    def get_dry_run(self, answer) -> bool:
+        return True
 
 
 @extend_schema_serializer(examples=examples.JOB_EVENT_OUTPUT)

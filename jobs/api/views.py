@@ -2,14 +2,14 @@
 
 import django_filters
 from django.http import StreamingHttpResponse
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from config.filters import UtcDateTimeFilter
 from config.throttles import SubmitUserThrottle, SubmitWorkspaceThrottle, ThrottledViewMixin
-from jobs import launch_requests, selectors, services
+from jobs import launch_requests, prediction, selectors, services
 from jobs import logs as driver_logs
 from jobs.launchers.base import LaunchError
 from jobs.models import Job, JobState, JobTemplate
@@ -163,18 +163,40 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
     @extend_schema(
         operation_id="jobs_submit",
         request=s.JobSubmitInput,
-        responses={201: s.JobOutput, 200: s.JobOutput},
+        responses={
+            201: s.JobOutput,
+            200: PolymorphicProxySerializer(
+                component_name="JobSubmitAnswer",
+                serializers=[s.JobOutput, s.DryRunOutput],
+                resource_type_field_name=None,
+            ),
+        },
         parameters=[
             OpenApiParameter(
                 "Idempotency-Key",
                 str,
                 OpenApiParameter.HEADER,
                 description="A retried POST with the same key returns the same job (200)",
-            )
+            ),
+            OpenApiParameter(
+                "dry_run",
+                bool,
+                description="Create nothing: answer (200) whether the job would be admitted "
+                "now, its place in the queue, what it would wait for and its predicted start. "
+                "Bad input is refused as a submission would be.",
+            ),
         ],
     )
-    @idempotent(replay_status=status.HTTP_200_OK)
     def create(self, request, org=None, ws=None):
+        query = s.SubmitQuery(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        if query.validated_data["dry_run"]:
+            job = services.job_prepare(actor=self.actor, **self._submission(request))
+            return Response(s.DryRunOutput(prediction.dry_run(job)).data)
+        return self._submit(request)
+
+    def _submission(self, request) -> dict:
+        """The submission's arguments, parsed from the body."""
         data = s.JobSubmitInput(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
@@ -185,14 +207,17 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
             if template is None:
                 missing = {"template": ["no such template in this workspace"]}
                 raise exceptions.ValidationError(missing)
-        job = services.job_submit(
-            actor=self.actor,
-            workspace=self.workspace,
-            template=template,
-            spec=values.get("spec"),
-            name=values.get("name", ""),
-            overrides=values["overrides"],
-        )
+        return {
+            "workspace": self.workspace,
+            "template": template,
+            "spec": values.get("spec"),
+            "name": values.get("name", ""),
+            "overrides": values["overrides"],
+        }
+
+    @idempotent(replay_status=status.HTTP_200_OK)
+    def _submit(self, request):
+        job = services.job_submit(actor=self.actor, **self._submission(request))
         return Response(self._render(job), status=status.HTTP_201_CREATED)
 
     @extend_schema(operation_id="job_retrieve")

@@ -273,6 +273,7 @@ def test_job_page_says_why_a_job_waits_and_that_an_ended_one_has_no_dashboard(wo
     queued = JobFactory(workspace=world.ws)
     page = admin_client(world).get(job_page(queued)).content.decode()
     assert re.search(r"position \d+ of \d+ in the queue", page)
+    assert re.search(r'id="job-predicted">around \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(by ', page)
     ended = JobFactory(workspace=world.ws, state=JobState.SUCCEEDED)
     page = admin_client(world).get(job_page(ended)).content.decode()
     assert "its cluster and dashboard are gone" in page and "/dashboard/" not in page

@@ -60,6 +60,14 @@ def submit(
             help="Show its state and stream its log until it ends (Ctrl-C asks to cancel it)",
         ),
     ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Submit nothing: say whether the job would start now, its place in the queue, "
+            "what it would wait for and when it is expected to start",
+        ),
+    ] = False,
     raw: RawOption = False,
     output_format: OutputOption = None,
 ) -> None:
@@ -95,9 +103,7 @@ def submit(
             overrides = template_overrides(found, words, image, uri, sizes)
             if code:
                 overrides["code"] = code
-            job = client.submit_job(
-                template=found["id"], name=name or "", overrides=overrides, idempotency_key=_key()
-            )
+            submission: dict[str, Any] = {"template": found["id"], "overrides": overrides}
         else:
             spec = {
                 "image": image,
@@ -107,7 +113,12 @@ def submit(
                 "worker_groups": [_resize(ADHOC_WORKERS, sizes)],
                 **({"code": code} if code else {}),
             }
-            job = client.submit_job(spec=spec, name=name or "", idempotency_key=_key())
+            submission = {"spec": spec}
+        if dry_run:
+            answer = client.dry_run_job(**submission, name=name or "")
+            output.show_dry_run(answer, as_json=state.as_json)
+            return
+        job = client.submit_job(**submission, name=name or "", idempotency_key=_key())
         if not follow_job:
             output.show_job(job, as_json=state.as_json, submitted=True)
             return

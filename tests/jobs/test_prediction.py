@@ -1,0 +1,233 @@
+"""When will a queued job start: the replay of the queue over running jobs' expected ends
+(their templates' history, capped by max_runtime_seconds), in a fixed number of queries."""
+
+import datetime as dt
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from audit.context import Actor
+from jobs import admission, prediction
+from jobs import services as job_services
+from jobs.models import AttemptState, Job, JobAttempt, JobState
+from quotas.models import OrgQuota, Reservation, WorkspaceQuota
+from tests.factories import JobAttemptFactory, JobFactory, JobTemplateFactory, WorkspaceFactory
+
+MAX_RUNTIME = 3000
+
+
+@pytest.fixture
+def gpu_template(world):
+    """Jobs of 2 GPUs each (a worker group asks for them), at most MAX_RUNTIME seconds."""
+    return JobTemplateFactory(
+        workspace=world.ws,
+        name="train",
+        version__spec_changes={
+            "worker_groups": [{"name": "g", "replicas": 1, "cpu": 0, "memory_gb": 0, "gpu": 2}],
+            "max_runtime_seconds": MAX_RUNTIME,
+        },
+        version__allowed_overrides=["priority", "max_runtime_seconds"],
+    )
+
+
+def capacity(world, gpu: float, policy: str = "fifo") -> None:
+    OrgQuota.objects.update_or_create(
+        organization=world.org, defaults={"gpu": gpu, "policy": policy}
+    )
+
+
+def submit(world, template, **overrides) -> Job:
+    return job_services.job_submit(
+        actor=Actor.for_user(world.users["owner"]),
+        workspace=world.ws,
+        template=template,
+        overrides=overrides,
+    )
+
+
+def run_for(world, template, *, seconds_ago: float, now=None) -> Job:
+    """A job of ``template`` admitted ``seconds_ago`` before ``now``: it holds its reservation
+    since then."""
+    job = submit(world, template)
+    assert admission.admit(world.org.pk) == [job.pk]
+    Reservation.objects.filter(job=job).update(
+        created_at=(now or timezone.now()) - dt.timedelta(seconds=seconds_ago)
+    )
+    return job
+
+
+def history(template, holds: list[float]) -> None:
+    """Past succeeded attempts of ``template`` that held their reservation ``holds`` seconds."""
+    version = template.versions.get()
+    end = timezone.now() - dt.timedelta(days=1)
+    for seconds in holds:
+        job = JobFactory(
+            workspace=template.workspace, template_version=version, state=JobState.SUCCEEDED
+        )
+        attempt = JobAttemptFactory(job=job, state=AttemptState.SUCCEEDED)
+        JobAttempt.objects.filter(pk=attempt.pk).update(
+            created_at=end - dt.timedelta(seconds=seconds), finished_at=end
+        )
+
+
+def seconds_after(now, moment) -> float:
+    return round((moment - now).total_seconds(), 3)
+
+
+def test_a_job_that_fits_would_be_admitted_now(world, gpu_template):
+    capacity(world, 4)
+    job = submit(world, gpu_template)
+    now = timezone.now()
+    assert prediction.predict_start(job, now=now) == prediction.Prediction(0, None, now, now)
+
+
+def test_the_queue_starts_when_the_running_jobs_are_expected_to_end(world, gpu_template):
+    # Holds of 100, 200, 300, 400 and 1000 s: median 300 s, p90 1000 s.
+    history(gpu_template, [100, 200, 300, 400, 1000])
+    capacity(world, 2)
+    now = timezone.now()
+    run_for(world, gpu_template, seconds_ago=60, now=now)  # 240 s more expected (p90: 940 s)
+    second, third = submit(world, gpu_template), submit(world, gpu_template)
+
+    waiting = prediction.predict_start(second, now=now)
+    assert (waiting.position, waiting.blocker) == (1, "org_capacity")
+    assert seconds_after(now, waiting.p50) == 240
+    assert seconds_after(now, waiting.p90) == 940
+
+    # The third starts when the second, admitted at the running job's end, is expected to end.
+    behind = prediction.predict_start(third, now=now)
+    assert behind.position == 2
+    assert seconds_after(now, behind.p50) == 240 + 300
+    assert seconds_after(now, behind.p90) == 940 + 1000
+
+
+def test_a_job_past_its_median_is_expected_at_its_p90_and_history_is_capped(world, gpu_template):
+    history(gpu_template, [100, 200, 300, 400, 1000])
+    capacity(world, 2)
+    now = timezone.now()
+    run_for(world, gpu_template, seconds_ago=500, now=now)  # past its median: p90 500 s away
+    waiting = submit(world, gpu_template)
+    assert seconds_after(now, prediction.predict_start(waiting, now=now).p50) == 500
+
+    # A longer history than the running job's limit: the limit is when Manta ends it.
+    history(gpu_template, [MAX_RUNTIME * 2] * 20)
+    assert seconds_after(now, prediction.predict_start(waiting, now=now).p90) == MAX_RUNTIME - 500
+
+
+def test_without_history_a_job_is_expected_to_run_to_its_max_runtime(world, gpu_template):
+    capacity(world, 2)
+    now = timezone.now()
+    run_for(world, gpu_template, seconds_ago=100, now=now)
+    waiting = submit(world, gpu_template)
+    predicted = prediction.predict_start(waiting, now=now)
+    assert seconds_after(now, predicted.p50) == seconds_after(now, predicted.p90) == 2900
+
+
+def test_a_job_that_can_never_fit_has_no_predicted_start(world, gpu_template):
+    capacity(world, 2, policy="round_robin")
+    run_for(world, gpu_template, seconds_ago=10)
+    waiting = submit(world, gpu_template)
+    OrgQuota.objects.filter(organization=world.org).update(gpu=1)  # shrunk under what it asks
+    predicted = prediction.predict_start(waiting)
+    assert (predicted.position, predicted.blocker) == (1, "org_capacity")
+    assert predicted.p50 is None and predicted.p90 is None
+    assert "does not fit" in predicted.why_unknown
+
+
+def test_the_replay_follows_the_policy(world, gpu_template):
+    """round_robin lets a job that fits go past a blocked head; fifo does not."""
+    capacity(world, 3, policy="round_robin")
+    run_for(world, gpu_template, seconds_ago=0)
+    blocked = submit(world, gpu_template)
+    small = submit(world, gpu_template, priority=1)
+    Job.objects.filter(pk=small.pk).update(requested_gpu=1)
+    small.refresh_from_db()
+    assert prediction.predict_start(small).position == 0
+    OrgQuota.objects.filter(organization=world.org).update(policy="fifo")
+    behind = prediction.predict_start(small)
+    assert (behind.position, behind.blocker) == (2, "admission_pass")
+    assert behind.p50 == prediction.predict_start(blocked).p50  # both when the head starts
+
+
+def test_queries_are_fixed_whatever_the_queue_length(world, gpu_template):
+    history(gpu_template, [100, 200])
+    capacity(world, 2)
+    run_for(world, gpu_template, seconds_ago=10)
+    jobs = [submit(world, gpu_template) for _ in range(3)]
+
+    def queries(job) -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert prediction.predict_start(job).p50 is not None
+        return len(captured)
+
+    short = queries(jobs[-1])
+    jobs += [submit(world, gpu_template) for _ in range(30)]
+    assert queries(jobs[-1]) == short <= 12  # 9 today: ledger, queue, running, history
+
+
+def test_too_far_back_to_predict(world, gpu_template, monkeypatch):
+    monkeypatch.setattr(prediction, "MAX_AHEAD", 3)
+    capacity(world, 2)
+    jobs = [submit(world, gpu_template) for _ in range(5)]
+    predicted = prediction.predict_start(jobs[-1])
+    assert (predicted.position, predicted.p50) == (5, None)
+    assert "more than 3 queued jobs" in predicted.why_unknown
+    assert prediction.predict_start(jobs[1]).p50 is not None
+
+
+def test_a_queued_jobs_detail_shows_its_predicted_start(world, gpu_template):
+    capacity(world, 2)
+    run_for(world, gpu_template, seconds_ago=100)
+    waiting = submit(world, gpu_template)
+    detail = world.client("developer").get(f"/api/v1/orgs/acme/workspaces/ml/jobs/{waiting.pk}/")
+    queue = detail.json()["queue"]
+    assert {"position", "queued", "waiting_for"} <= set(queue)
+    predicted = queue["predicted_start"]
+    p50 = dt.datetime.fromisoformat(predicted["p50"])
+    assert 2890 <= (p50 - timezone.now()).total_seconds() <= 2900
+    assert predicted["p90"] == predicted["p50"] and predicted["why_unknown"] == ""
+
+
+def test_an_unsubmitted_job_takes_its_place_by_priority(world, gpu_template):
+    capacity(world, 2)
+    now = timezone.now() + dt.timedelta(seconds=30)  # after the queued jobs below
+    run_for(world, gpu_template, seconds_ago=0, now=now)
+    queued = [submit(world, gpu_template) for _ in range(2)]
+    actor = Actor.for_user(world.users["owner"])
+    urgent = job_services.job_prepare(
+        actor=actor, workspace=world.ws, template=gpu_template, overrides={"priority": 9}
+    )
+    normal = job_services.job_prepare(actor=actor, workspace=world.ws, template=gpu_template)
+    assert urgent.pk is None and normal.pk is None  # nothing saved
+    first = prediction.predict_start(urgent, now=now)
+    assert (first.position, seconds_after(now, first.p50)) == (1, MAX_RUNTIME)
+    last = prediction.predict_start(normal, now=now)
+    assert (last.position, seconds_after(now, last.p50)) == (3, 3 * MAX_RUNTIME)
+    assert Job.objects.filter(state=JobState.QUEUED).count() == len(queued)
+
+
+def test_fair_share_predicts_the_workspace_below_its_share_first(world, gpu_template):
+    other = WorkspaceFactory(organization=world.org, slug="other")
+    for workspace in (world.ws, other):
+        WorkspaceQuota.objects.create(workspace=workspace, guaranteed_gpu=2)
+    other_template = JobTemplateFactory(
+        workspace=other,
+        name="train",
+        version__spec_changes=gpu_template.versions.get().spec,
+    )
+    capacity(world, 4, policy="fifo")
+    now = timezone.now() + dt.timedelta(seconds=30)
+    run_for(world, gpu_template, seconds_ago=0, now=now)  # ml holds its whole guarantee
+    mine = submit(world, gpu_template)
+    theirs = job_services.job_submit(
+        actor=Actor.for_user(world.users["owner"]), workspace=other, template=other_template
+    )
+    assert prediction.predict_start(mine, now=now).position == 0  # fifo: first come
+    assert prediction.predict_start(theirs, now=now).position == 2  # one job goes before it
+
+    OrgQuota.objects.filter(organization=world.org).update(policy="fair_share")
+    assert prediction.predict_start(theirs, now=now).position == 0  # other is below its share
+    waiting = prediction.predict_start(mine, now=now)
+    assert (waiting.position, seconds_after(now, waiting.p50)) == (2, MAX_RUNTIME)
