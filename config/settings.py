@@ -361,6 +361,8 @@ CACHES = {"default": {"KEY_PREFIX": "manta", **_cache}}
 
 # Running jobs (jobs/attempts.py).
 MANTA_LOCAL_RAY_DIR = env.str("MANTA_LOCAL_RAY_DIR", default="/tmp/manta-ray")
+# How long a queued job's predicted start (jobs/prediction.py) is reused for its detail.
+MANTA_PREDICTION_CACHE_SECONDS = env.float("MANTA_PREDICTION_CACHE_SECONDS", default=10.0)
 MANTA_FOLLOW_INTERVAL_SECONDS = env.float("MANTA_FOLLOW_INTERVAL_SECONDS", default=1.0)
 MANTA_HEARTBEAT_STALE_SECONDS = env.float("MANTA_HEARTBEAT_STALE_SECONDS", default=30.0)
 MANTA_LEASE_SECONDS = env.float("MANTA_LEASE_SECONDS", default=30.0)

@@ -27,7 +27,7 @@ from .admission import explain
 from .launchers import ray_jobs
 from .logs import job_logs
 from .models import TERMINAL_STATES, Job, JobState, JobTemplate, JobTemplateVersion
-from .prediction import predict_start
+from .prediction import cached_prediction
 
 LOG_LINES = 50  # the end of the log a job page shows
 
@@ -246,7 +246,7 @@ class JobAdmin(ReadOnlyAdmin):
             attempts=attempts,
             events=list(job.events.order_by("id").select_related("actor")),
             waiting=explain(job) if job.state == JobState.QUEUED else None,
-            predicted=predict_start(job) if job.state == JobState.QUEUED else None,
+            predicted=cached_prediction(job) if job.state == JobState.QUEUED else None,
             log_text=ray_jobs.tail_lines(log_text, LOG_LINES) if log_text else "",
             log_error=log_error,
             form=form,

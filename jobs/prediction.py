@@ -23,6 +23,8 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
+from django.conf import settings
+from django.core.cache import cache
 from django.db.models import F, IntegerField, Q, Window
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, RowNumber
@@ -286,6 +288,19 @@ def _replay(
                 ledger.host.add(held.requested, -1)
             else:
                 ledger.hold(held, -1)
+
+
+def cached_prediction(job: Job) -> Prediction:
+    """:func:`predict_start` for a job's detail, kept ``MANTA_PREDICTION_CACHE_SECONDS`` in the
+    shared cache: a replay deep in a round-robin queue costs seconds, and a client polling the
+    job would pay it on every read. The key names the job's state and queue time, so a job that
+    moves is predicted afresh."""
+    key = f"prediction:{job.pk}:{job.state}:{job.queued_at and job.queued_at.timestamp()}"
+    prediction = cache.get(key)
+    if prediction is None:
+        prediction = predict_start(job)
+        cache.set(key, prediction, timeout=settings.MANTA_PREDICTION_CACHE_SECONDS)
+    return prediction
 
 
 def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:

@@ -34,3 +34,7 @@ SECRET_KEY = "tests"
 # Most tests are about organisations' quotas, not this machine's size: the local host's own
 # capacity does not bind them (tests/quotas/test_host_capacity.py sets it where it matters).
 MANTA_LOCAL_CAPACITY = {"cpu": 1e6, "memory_gb": 1e6, "disk_gb": 1e6}
+
+# A job's detail predicts its start afresh on every read here: tests move jobs between reads and
+# expect the answer to follow (tests/jobs/test_prediction.py covers the cache itself).
+MANTA_PREDICTION_CACHE_SECONDS = 0

@@ -244,13 +244,13 @@ class JobOutput(serializers.ModelSerializer):
 
     def get_queue(self, job) -> dict | None:
         from jobs.admission import explain
-        from jobs.prediction import predict_start
+        from jobs.prediction import cached_prediction
 
         if not self.context.get("explain"):
             return None
         queue = explain(job)
         if queue is not None:
-            queue["predicted_start"] = PredictedStartOutput(predict_start(job)).data
+            queue["predicted_start"] = PredictedStartOutput(cached_prediction(job)).data
         return queue
 
     def get_template(self, job) -> dict | None:

@@ -190,6 +190,22 @@ def test_a_queued_jobs_detail_shows_its_predicted_start(world, gpu_template):
     assert predicted["p90"] == predicted["p50"] and predicted["why_unknown"] == ""
 
 
+def test_a_detail_reuses_its_prediction_until_the_job_moves(world, gpu_template, settings):
+    settings.MANTA_PREDICTION_CACHE_SECONDS = 60
+    capacity(world, 2)
+    run_for(world, gpu_template, seconds_ago=100)
+    waiting = submit(world, gpu_template)
+    first = prediction.cached_prediction(waiting)
+    with CaptureQueriesContext(connection) as again:
+        assert prediction.cached_prediction(waiting) == first
+    assert len(again) == 0  # read back from the cache, no replay
+    Job.objects.filter(pk=waiting.pk).update(queued_at=timezone.now())
+    waiting.refresh_from_db()  # requeued: a new place in the queue, predicted afresh
+    with CaptureQueriesContext(connection) as moved:
+        prediction.cached_prediction(waiting)
+    assert len(moved) > 0
+
+
 def test_an_unsubmitted_job_takes_its_place_by_priority(world, gpu_template):
     capacity(world, 2)
     now = timezone.now() + dt.timedelta(seconds=30)  # after the queued jobs below
