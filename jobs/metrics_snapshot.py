@@ -27,6 +27,7 @@ from django.db.models import Count, IntegerField, Min, Q, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from quotas import selectors as quota_selectors
 from quotas.ledger import month_start
@@ -112,13 +113,21 @@ def snapshot_refresh(*, drift: dict[str, int] | None = None) -> dict[str, Any]:
         "drift": drift,
         "queue_depth": _queue_depth(),
     }
-    cache.set(CACHE_KEY, snapshot, timeout=None)
+    try:
+        cache.set(CACHE_KEY, snapshot, timeout=None)
+    except (RedisError, OSError):
+        logger.warning("metrics snapshot not kept: cache unavailable", exc_info=True)
     return snapshot
 
 
 def snapshot() -> dict[str, Any] | None:
-    """The latest snapshot (one cache read, no SQL), or None before the first sweep."""
-    return cache.get(CACHE_KEY)
+    """The latest snapshot (one cache read, no SQL), or None before the first sweep or while
+    the cache is away (the scrape then reports only the counters)."""
+    try:
+        return cache.get(CACHE_KEY)
+    except (RedisError, OSError):
+        logger.warning("metrics snapshot unavailable: cache unavailable", exc_info=True)
+        return None
 
 
 def _pending(jobs: dict[str, list]) -> dict[str, int]:

@@ -19,6 +19,7 @@ import dataclasses
 import datetime as dt
 import heapq
 import itertools
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -29,6 +30,7 @@ from django.db.models import F, IntegerField, Q, Window
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, RowNumber
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from quotas import selectors as quota_selectors
 from quotas.models import RESOURCES, QueuePolicy
@@ -38,6 +40,7 @@ from .local_host import HOST, workspaces_on_host
 from .metrics_snapshot import reason_of
 from .models import AttemptState, Job, JobAttempt, JobState
 
+logger = logging.getLogger(__name__)
 MAX_AHEAD = 500  # queued jobs simulated; a job further back in the queue gets no prediction
 HISTORY_RUNS = 50  # a template's most recent succeeded attempts that make its run-time history
 FALLBACK_RUNTIME = 3600  # seconds, for a job with neither history nor max_runtime_seconds
@@ -296,10 +299,19 @@ def cached_prediction(job: Job) -> Prediction:
     job would pay it on every read. The key names the job's state and queue time, so a job that
     moves is predicted afresh."""
     key = f"prediction:{job.pk}:{job.state}:{job.queued_at and job.queued_at.timestamp()}"
-    prediction = cache.get(key)
+    try:
+        prediction = cache.get(key)
+    except (RedisError, OSError):
+        # A cache outage costs a replay per read, never the read itself (a job's detail is
+        # the answer to its submission).
+        logger.warning("prediction cache unavailable, predicting afresh", exc_info=True)
+        return predict_start(job)
     if prediction is None:
         prediction = predict_start(job)
-        cache.set(key, prediction, timeout=settings.MANTA_PREDICTION_CACHE_SECONDS)
+        try:
+            cache.set(key, prediction, timeout=settings.MANTA_PREDICTION_CACHE_SECONDS)
+        except (RedisError, OSError):
+            logger.warning("prediction cache unavailable, not kept", exc_info=True)
     return prediction
 
 

@@ -2,6 +2,7 @@
 (their templates' history, capped by max_runtime_seconds), in a fixed number of queries."""
 
 import datetime as dt
+import socket
 
 import pytest
 from django.db import connection
@@ -247,3 +248,26 @@ def test_fair_share_predicts_the_workspace_below_its_share_first(world, gpu_temp
     assert prediction.predict_start(theirs, now=now).position == 0  # other is below its share
     waiting = prediction.predict_start(mine, now=now)
     assert (waiting.position, seconds_after(now, waiting.p50)) == (2, MAX_RUNTIME)
+
+
+def test_a_cache_outage_predicts_afresh_rather_than_failing(world, gpu_template, settings):
+    settings.MANTA_PREDICTION_CACHE_SECONDS = 60
+    settings.CACHES = {  # a Redis nobody listens on: every cache call raises
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": f"redis://127.0.0.1:{closed_port()}/0",
+            "OPTIONS": {"socket_connect_timeout": 0.2, "socket_timeout": 0.2},
+        }
+    }
+    capacity(world, 2)
+    run_for(world, gpu_template, seconds_ago=100)
+    waiting = submit(world, gpu_template)
+    outage, fresh = prediction.cached_prediction(waiting), prediction.predict_start(waiting)
+    assert (outage.position, outage.blocker) == (fresh.position, fresh.blocker)
+    assert outage.p50 is not None
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
