@@ -154,8 +154,12 @@ class LoginAccountThrottle(RateThrottle):
 
     scope = "login_account"
 
+    def account(self, request) -> object:
+        """The account the request signs in as, as the client sent it."""
+        return request.data.get("email") if isinstance(request.data, Mapping) else None
+
     def get_cache_key(self, request, view) -> str | None:
-        email = request.data.get("email") if isinstance(request.data, Mapping) else None
+        email = self.account(request)
         if not isinstance(email, str) or not email.strip():
             return None
         return self.cache_format % {"scope": self.scope, "ident": digest(email.strip().lower())}

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 from django.core.cache import cache
+from django.test import Client
 from rest_framework.test import APIClient
 
 from config import throttles
@@ -168,6 +169,30 @@ def test_a_lowered_rate_still_tells_when_to_come_back(world, rates, clock):
     clock.advance(10)
     rates(login_account="2/min")  # the history holds more than the new rate allows
     assert_throttled(login(), retry_after=50)
+
+
+@pytest.mark.parametrize("form", ["/admin/login/", "/api-auth/login/"])
+def test_the_browser_sign_in_forms_share_the_login_limits(world, rates, clock, form):
+    """The admin's form and the one that opens a job's Ray Dashboard count against the same
+    account and address as the token endpoint: five wrong passwords in all, not five per form."""
+    rates(login_account="5/min")
+    world.users["developer"].is_staff = True  # the admin's form signs in staff only
+    world.users["developer"].save(update_fields=["is_staff"])
+    browser = Client()
+    for _ in range(3):
+        assert login().status_code == 401
+    for _ in range(2):  # a wrong password: the form again, no session
+        wrong = browser.post(form, {"username": "dev@acme.test", "password": "wrong"})
+        assert wrong.status_code == 200 and "_auth_user_id" not in browser.session
+    refused = browser.post(form, {"username": "DEV@acme.test", "password": PASSWORD})
+    assert refused.status_code == 429 and refused["Retry-After"] == "60"
+    assert b"try again in 60 seconds" in refused.content
+    assert "_auth_user_id" not in browser.session  # the right password too, until it passes
+    assert_throttled(login(password=PASSWORD))
+    assert browser.get(form).status_code == 200  # showing the form is not an attempt
+    clock.advance(60)
+    signed_in = browser.post(form, {"username": "dev@acme.test", "password": PASSWORD})
+    assert signed_in.status_code == 302 and "_auth_user_id" in browser.session
 
 
 def test_an_ipv6_client_is_counted_by_its_64():
