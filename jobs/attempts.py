@@ -29,9 +29,9 @@ from django.utils import timezone
 
 from audit.context import Actor
 from config import secrets
-from config.celery import send_many
 from config.db import copy_insert
 
+from . import dispatch
 from .launch_requests import ResolvedTarget, cluster_name_for, launch_request
 from .launchers import launcher_for
 from .models import ATTEMPT_ACTIVE, AttemptState, Job, JobAttempt, JobState
@@ -73,9 +73,7 @@ def attempts_create(jobs: list[Job]) -> list[JobAttempt]:
         ),
     )
     ids = [str(attempt.pk) for attempt in attempts]
-    from . import tasks
-
-    transaction.on_commit(lambda: tasks.launch_attempts(ids), robust=True)
+    transaction.on_commit(lambda: dispatch.launch_attempts(ids), robust=True)
     return attempts
 
 
@@ -112,10 +110,8 @@ def attempts_preempt(job_ids: list[int], *, reason: str, for_job: int) -> list[i
         finished_at=Coalesce(F("finished_at"), Value(timezone.now())),
     )
     ids = [str(pk) for pk, _ in attempts.values()]
-    from . import tasks
-
     transaction.on_commit(
-        lambda: send_many(tasks.evict_attempt, [(pk,) for pk in ids]), robust=True
+        lambda: dispatch.send_each(dispatch.EVICT, [(pk,) for pk in ids]), robust=True
     )
     return [job.pk for job in jobs]
 

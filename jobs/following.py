@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from config import secrets
 
+from . import dispatch
 from .attempts import SYSTEM, handle_of, leased, load, move_job, stop_orphans
 from .launch_requests import resolve_target
 from .launchers import cluster_text, launcher_for
@@ -50,9 +51,7 @@ def follow_start(attempt_id: str) -> None:
         follow_token=F("follow_token") + 1, heartbeat_at=timezone.now()
     )
     token = JobAttempt.objects.values_list("follow_token", flat=True).get(pk=attempt_id)
-    from . import tasks
-
-    transaction.on_commit(lambda: tasks.follow_attempt.delay(attempt_id, token), robust=True)
+    dispatch.on_commit(dispatch.FOLLOW, attempt_id, token)
 
 
 def attempt_follow(attempt_id: str, token: int) -> bool:
@@ -271,14 +270,6 @@ def attempt_teardown(attempt: JobAttempt) -> None:
     JobAttempt.objects.filter(pk=attempt.pk).update(torn_down_at=timezone.now())
 
 
-def job_cancelled(job_id: int) -> None:
-    """After a cancel commits: end the active attempt (stop the Ray job, tear the cluster down)."""
-    for attempt in JobAttempt.objects.filter(job_id=job_id, state__in=ATTEMPT_ACTIVE):
-        from . import tasks
-
-        tasks.cancel_attempt.delay(str(attempt.pk))
-
-
 def attempt_cancel(attempt_id: str) -> None:
     attempt = load(attempt_id)
     if attempt.state not in ATTEMPT_ACTIVE:
@@ -286,9 +277,7 @@ def attempt_cancel(attempt_id: str) -> None:
     # Wait for a launch in progress to store its handle, so nothing it started is missed.
     with leased(attempt_id) as held:
         if not held:
-            from . import tasks
-
-            tasks.cancel_attempt.apply_async((attempt_id,), countdown=2)
+            dispatch.send(dispatch.CANCEL, attempt_id, countdown=2)
             return
         JobAttempt.objects.filter(pk=attempt_id, finished_at__isnull=True).update(
             finished_at=timezone.now()
@@ -307,8 +296,6 @@ def attempt_evict(attempt_id: str) -> None:
         return
     with leased(attempt_id, states=(AttemptState.PREEMPTED,)) as held:
         if not held:
-            from . import tasks
-
-            tasks.evict_attempt.apply_async((attempt_id,), countdown=2)
+            dispatch.send(dispatch.EVICT, attempt_id, countdown=2)
             return
         attempt_teardown(load(attempt_id))

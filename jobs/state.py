@@ -33,7 +33,7 @@ from config.errors import Conflict
 from outbox.services import event_emit_many
 from quotas import services as quota_services
 
-from . import metrics_events
+from . import dispatch, metrics_events
 from .models import ACTIVE_STATES, TERMINAL_STATES, Job, JobEvent, JobState
 
 S = JobState
@@ -73,16 +73,6 @@ def event_types(kind: str, state: str) -> list[str]:
     if kind == "submitted" and state == S.PENDING_APPROVAL:
         types.append("job.approval_requested")
     return types
-
-
-# Called on commit after a job reaches a state (registered by jobs/apps.py: admission passes and
-# the teardown of a cancelled job's attempt).
-_on_state: dict[str, list[Callable[[int], None]]] = {}
-
-
-def on_state(state: str, callback: Callable[[int], None]) -> None:
-    """Run ``callback(job_id)`` after the commit of every transition into ``state``."""
-    _on_state.setdefault(state, []).append(callback)
 
 
 class InvalidTransition(Conflict):
@@ -319,8 +309,5 @@ def transition(
 
 
 def run_state_hooks(job: Job) -> None:
-    """Schedule the callbacks registered for the job's new state, to run after commit."""
-    for callback in _on_state.get(job.state, []):
-        # robust: a broker that is away must not turn a committed change into an error; the
-        # sweep finds the work the hook would have sent.
-        transaction.on_commit(lambda cb=callback, job_id=job.pk: cb(job_id), robust=True)
+    """Schedule what the job's new state starts after commit (``jobs/dispatch.py``)."""
+    dispatch.after_transition(job.pk, job.state)

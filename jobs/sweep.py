@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from workspaces.models import ComputeTargetKind
 
+from . import dispatch
 from .accounting import budget_alerts, reconcile
 from .following import follow_start
 from .launchers import launcher_for
@@ -24,8 +25,6 @@ logger = logging.getLogger(__name__)
 
 def sweep() -> dict[str, int]:
     """Find work whose task was lost (a worker died) and enqueue it again."""
-    from . import tasks
-
     now = timezone.now()
     stale = now - dt.timedelta(seconds=settings.MANTA_HEARTBEAT_STALE_SECONDS)
     counts = {"launch": 0, "follow": 0, "cancel": 0, "admit": 0}
@@ -35,11 +34,11 @@ def sweep() -> dict[str, int]:
     active = active.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
     for attempt in active.select_related("job"):
         if attempt.job.state == JobState.CANCELLED:
-            tasks.cancel_attempt.delay(str(attempt.pk))
+            dispatch.send(dispatch.CANCEL, str(attempt.pk))
             counts["cancel"] += 1
         elif not attempt.submitted:
             JobAttempt.objects.filter(pk=attempt.pk).update(heartbeat_at=now)
-            tasks.launch_attempt.delay(str(attempt.pk))
+            dispatch.send(dispatch.LAUNCH, str(attempt.pk))
             counts["launch"] += 1
         else:
             follow_start(str(attempt.pk))
@@ -49,11 +48,11 @@ def sweep() -> dict[str, int]:
     ).filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
     counts["evict"] = 0
     for pk in evictions.values_list("pk", flat=True):
-        tasks.evict_attempt.delay(str(pk))
+        dispatch.send(dispatch.EVICT, str(pk))
         counts["evict"] += 1
     counts["strays"] = _stop_strays()
     if Job.objects.filter(state=JobState.QUEUED).exists():
-        tasks.admit.delay()
+        dispatch.admit()
         counts["admit"] += 1
     counts["budget_alerts"] = budget_alerts()
     drift = reconcile()

@@ -50,18 +50,6 @@ def admit() -> dict[int, list[int]]:
     return admit_all()
 
 
-FAN_OUT_ABOVE = 8
-
-
-def launch_attempts(attempt_ids: list[str]) -> None:
-    """Send the launch tasks of an admission pass. A large pass sends one fan-out task instead,
-    so the admission's commit does not wait for a thousand broker round trips."""
-    if len(attempt_ids) > FAN_OUT_ABOVE:
-        fan_out_launches.delay(attempt_ids)
-    else:
-        send_many(launch_attempt, [(pk,) for pk in attempt_ids])
-
-
 @shared_task(name="manta.jobs.fan_out_launches", **DB_RETRY)
 def fan_out_launches(attempt_ids: list[str]) -> None:
     send_many(launch_attempt, [(pk,) for pk in attempt_ids])

@@ -12,6 +12,7 @@ import dataclasses
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
 from django.conf import settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,15 +170,25 @@ def test_no_circle_between_apps():
     assert not cycles(set(edges)), describe(edges)
 
 
-def test_notifications_has_no_circle_of_files():
+@pytest.mark.parametrize("app", ["notifications", "jobs"])
+def test_no_circle_of_files_inside_an_app(app):
+    """jobs/ sends its Celery tasks by name through jobs/dispatch.py: the tasks module imports
+    the lifecycle, never the other way round."""
     edges: dict[tuple[str, str], list[str]] = defaultdict(list)
     for imp in all_imports():
         a, b = imp.importer, imp.imported
-        if a.split(".")[0] == b.split(".")[0] == "notifications" and a != b:
+        if a.split(".")[0] == b.split(".")[0] == app and a != b:
             edges[(a, b)].append(imp.where)
     found = cycles(edges)
     detail = "\n".join(f"  {a} → {b}: {', '.join(w)}" for (a, b), w in sorted(edges.items()))
-    assert not found, f"circles: {found}\nnotifications' module graph:\n{detail}"
+    assert not found, f"circles: {found}\n{app}'s module graph:\n{detail}"
+
+
+def test_the_job_lifecycle_is_not_wired_from_app_ready():
+    """What a job's state change starts is said where the change is made (jobs/dispatch.py),
+    not registered at start-up, where a process that skipped it would silently do nothing."""
+    tree = ast.parse((ROOT / "jobs" / "apps.py").read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "ready"]
 
 
 def test_imports_inside_functions_and_relative_imports_are_seen():
