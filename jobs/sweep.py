@@ -28,7 +28,7 @@ def sweep() -> dict[str, int]:
 
     now = timezone.now()
     stale = now - dt.timedelta(seconds=settings.MANTA_HEARTBEAT_STALE_SECONDS)
-    counts = {"launch": 0, "follow": 0, "cancel": 0, "admit": 0}
+    counts = {"launch": 0, "follow": 0, "cancel": 0, "preempting": 0, "admit": 0}
     active = JobAttempt.objects.filter(state__in=ATTEMPT_ACTIVE).filter(
         Q(heartbeat_at__lt=stale) | Q(heartbeat_at__isnull=True, created_at__lt=stale)
     )
@@ -37,6 +37,10 @@ def sweep() -> dict[str, int]:
         if attempt.job.state == JobState.CANCELLED:
             tasks.cancel_attempt.delay(str(attempt.pk))
             counts["cancel"] += 1
+        elif attempt.job.state == JobState.PREEMPTING:
+            JobAttempt.objects.filter(pk=attempt.pk).update(heartbeat_at=now)
+            tasks.preempt_attempt.delay(str(attempt.pk))
+            counts["preempting"] += 1
         elif not attempt.submitted:
             JobAttempt.objects.filter(pk=attempt.pk).update(heartbeat_at=now)
             tasks.launch_attempt.delay(str(attempt.pk))
