@@ -50,8 +50,9 @@ def preemption_candidates(organization_id: int) -> list[Held]:
         .order_by("-number")
         .values("running_at")[:1]
     )
+    asked = Cast(KeyTextTransform("min_runtime_seconds", "job__spec"), IntegerField())
     min_runtime = Least(
-        Coalesce(Cast(KeyTextTransform("min_runtime_seconds", "job__spec"), IntegerField()), Value(0)),
+        Coalesce(asked, Value(0)),
         F("organization__max_min_runtime_seconds"),
         output_field=IntegerField(),
     )
