@@ -27,6 +27,7 @@ ACTIONS: dict[str, str] = {
     "job.reject": "A job was rejected",
     "job.cancel": "A job was cancelled",
     "job.transition": "A job changed state",
+    "job.preempting": "A running job was chosen for preemption; its grace period started",
     "package.upload": "A code package was uploaded to a workspace (or fetched from a source)",
     "code_source.create": "A git code source was registered in a workspace",
     "code_source.update": "A code source changed",

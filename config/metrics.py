@@ -84,6 +84,11 @@ PREEMPTIONS = Counter(
     "Jobs preempted, by reason",
     [*TENANT, "reason"],
 )
+PREEMPTED_GPU_HOURS = Counter(
+    "manta_preempted_gpu_hours",
+    "GPU-hours preempted attempts had run when they were stopped: work lost to preemption",
+    TENANT,
+)
 RETRIES = Counter("manta_job_retries", "Failed runs retried, by failure", [*TENANT, "reason"])
 FAILURES = Counter("manta_job_failures", "Jobs that ended failed, by reason", [*TENANT, "reason"])
 CLUSTER_LOST = Counter(

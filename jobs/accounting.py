@@ -7,7 +7,7 @@ import datetime as dt
 import logging
 from typing import Any
 
-from django.db.models import Count, Exists, F, OuterRef, Q
+from django.db.models import Count, Exists, F, OuterRef, Q, Sum
 from django.utils import timezone
 
 from quotas import selectors as quota_selectors
@@ -52,6 +52,7 @@ def usage(workspace) -> dict[str, Any]:
                 JobState.PENDING_APPROVAL,
                 JobState.LAUNCHING,
                 JobState.RUNNING,
+                JobState.PREEMPTING,
             ],
         )
         .values_list("state")
@@ -61,12 +62,24 @@ def usage(workspace) -> dict[str, Any]:
         "reserved": quota_selectors.reserved(workspace),
         "guaranteed": quota.guaranteed(),
         "limit": quota.limit(),
-        "running": counts.get(JobState.RUNNING, 0) + counts.get(JobState.LAUNCHING, 0),
+        "running": sum(counts.get(state, 0) for state in ACTIVE_STATES),
         "queued": counts.get(JobState.QUEUED, 0),
         "pending_approval": counts.get(JobState.PENDING_APPROVAL, 0),
         "gpu_hours_this_month": gpu_hours(workspace, month_start(timezone.now())),
         "gpu_hours_per_month": quota.gpu_hours_per_month,
+        "preempted_gpu_hours_this_month": preempted_gpu_hours(
+            workspace, month_start(timezone.now())
+        ),
     }
+
+
+def preempted_gpu_hours(workspace, since: dt.datetime) -> float:
+    """GPU-hours the workspace's attempts preempted since ``since`` had run when they were
+    stopped: the work preemption cost it (each attempt counted once, when it ended)."""
+    total = JobAttempt.objects.filter(
+        job__workspace=workspace, preempted_gpu_seconds__gt=0, finished_at__gte=since
+    ).aggregate(seconds=Sum("preempted_gpu_seconds"))["seconds"]
+    return round((total or 0.0) / 3600, 4)
 
 
 def budget_alerts() -> int:

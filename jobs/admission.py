@@ -5,8 +5,11 @@ One admission pass per organisation is one transaction, serialised by a PostgreS
 (SQLite's IMMEDIATE transactions serialise it there), so any number of workers may run it at once:
 each pass reads the reservations that are held (``quotas.selectors.ledger_for``), admits what
 fits (the arithmetic is ``quotas/ledger.py``), and writes the new reservations in the same
-transaction that moves the jobs to ``launching``. Leaving ``launching``/``running`` releases
-them: ``jobs.state.transition`` does that in the same transaction as the move.
+transaction that moves the jobs to ``launching``. Leaving ``launching``/``running``/
+``preempting`` releases them: ``jobs.state.transition`` does that in the same transaction as
+the move. Where the organisation allows it, a pass also preempts borrowers for workspaces under
+their guarantee (``jobs/preemption.py``); a preemptor whose victims have a grace period waits
+for them to leave, with the room promised to it.
 
 At submission, :func:`check_submission` refuses a job that could never run, or that the
 workspace's queue or GPU budget has no room for.
@@ -14,7 +17,6 @@ workspace's queue or GPU budget has no room for.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import heapq
 from collections.abc import Iterable, Iterator
@@ -30,14 +32,16 @@ from rest_framework import status
 from config.errors import Conflict, DomainError, InvalidInput
 from quotas import selectors as quota_selectors
 from quotas import services as quota_services
-from quotas.ledger import Held, Ledger, budget_overrun, month_start, victims_for
+from quotas.ledger import Ledger, budget_overrun, month_start
 from quotas.models import RESOURCES, AdmissionRequests, QueuePolicy
+from workspaces.models import Organization
 
 from .accounting import gpu_hours
 from .attempts import attempts_create, attempts_preempt
 from .local_host import HOST, workspaces_on_host
 from .local_host import capacity as host_capacity
 from .models import Job, JobState
+from .preemption import plan_preemptions, promised_jobs
 
 ADVISORY_NAMESPACE = 0x6D61  # "ma": keeps our lock ids apart from other users of pg locks
 HOST_LOCK = -1  # passes that may place jobs on the shared local host take it after their org's
@@ -91,15 +95,17 @@ def _queued(organization_id: int):
 
 class DatabaseQueue:
     """The queue an admission pass reads: the organisation's queued jobs, in base order, read
-    lazily from the database. A prediction (``jobs/prediction.py``) hands :func:`plan` a queue
-    of its own, held in memory, with the same two methods."""
+    lazily from the database, but for ``exclude`` (jobs the pass has dealt with already). A
+    prediction (``jobs/prediction.py``) hands :func:`plan` a queue of its own, held in memory,
+    with the same two methods."""
 
-    def __init__(self, organization_id: int):
+    def __init__(self, organization_id: int, exclude: Iterable[int] = ()):
         self.organization_id = organization_id
+        self.exclude = set(exclude)
 
     def jobs(self, workspace_id: int | None = None) -> Iterator[Job]:
         """Queued jobs (of one workspace, when given) in base order."""
-        queued = _queued(self.organization_id)
+        queued = _queued(self.organization_id).exclude(pk__in=self.exclude)
         if workspace_id is None:
             return _scan(queued).iterator(chunk_size=QUEUE_CHUNK)
         return _scan(queued.filter(workspace_id=workspace_id)).iterator(chunk_size=64)
@@ -108,6 +114,7 @@ class DatabaseQueue:
         """The workspaces with queued jobs."""
         return (
             Job.objects.filter(organization_id=self.organization_id, state=JobState.QUEUED)
+            .exclude(pk__in=self.exclude)
             .order_by()  # no default ordering: it would defeat the DISTINCT
             .values_list("workspace_id", flat=True)
             .distinct()
@@ -180,57 +187,6 @@ def _plan_fair_share(ledger: Ledger, organization_id: int, queue: DatabaseQueue)
     return admitted
 
 
-# --- preemption ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Preemption:
-    job: Job  # the queued job that gets its guarantee back
-    victims: list[Held]
-
-    def reason(self) -> str:
-        return (
-            f"preempted for job {self.job.pk} of workspace {self.job.workspace.slug}, "
-            "which is under its guarantee"
-        )
-
-
-def plan_preemptions(ledger: Ledger, organization_id: int, admitted: set[int]) -> list[Preemption]:
-    """Give guarantees back: for each workspace whose next queued job fits within its guarantee
-    but not in what is left, preempt running jobs of workspaces above their guarantee
-    (borrowers) until it fits. One job per workspace per pass; the requeued victims trigger the
-    next pass. Victims never come from a workspace within its guarantee, and a job that fits
-    within its own guarantee can never be one, so two workspaces cannot preempt each other."""
-    preemptions: list[Preemption] = []
-    if not ledger.anyone_borrowing():
-        return preemptions  # nobody holds more than their guarantee: there is nothing to take
-    candidates: list[Held] | None = None
-    for workspace_id in ledger.ws_quotas:
-        if not ledger.under_guarantee(workspace_id):
-            continue  # at or above its guarantee: it has nothing to take back
-        job = (
-            _queued(organization_id)
-            .filter(workspace_id=workspace_id)
-            .exclude(pk__in=admitted)
-            .select_related("workspace")
-            .first()
-        )
-        if job is None or not ledger.within_guarantee(job) or ledger.workspace_blocker(job):
-            continue
-        if not ledger.org_blocker(job):
-            continue  # it fits without anyone leaving (the policy held it back)
-        if candidates is None:
-            candidates = quota_selectors.held_in_preemption_order(organization_id)
-        victims = victims_for(ledger, job, candidates)
-        if victims is None:
-            continue
-        ledger.hold(job)
-        preemptions.append(Preemption(job, victims))
-        gone = {held.job_id for held in victims}
-        candidates = [held for held in candidates if held.job_id not in gone]
-    return preemptions
-
-
 # --- the pass ------------------------------------------------------------------------------
 
 
@@ -246,12 +202,20 @@ def _lock(key: int, *, wait: bool = True) -> bool:
         return wait or cursor.fetchone()[0]
 
 
-def admit(organization_id: int) -> list[int]:
+def lock_admission(organization_id: int) -> None:
+    """Hold the organisation's admission lock until the caller's transaction ends: a step that
+    frees capacity and admits in one transaction (``jobs/preempting.py``) takes it first, as a
+    pass does."""
+    _lock(organization_id)
+
+
+def admit(organization_id: int, *, first: Iterable[int] = ()) -> list[int]:
     """One admission pass for an organisation, waiting for a pass in progress to finish.
-    Returns the admitted job ids."""
+    Returns the admitted job ids. ``first``: queued jobs to admit before the queue's order
+    (a preemptor whose victims just left), when they fit."""
     with transaction.atomic():
         _lock(organization_id)
-        return _admit_locked(organization_id)
+        return _admit_locked(organization_id, first=first)
 
 
 def admit_single_flight(organization_id: int) -> list[int]:
@@ -286,7 +250,7 @@ def admit_single_flight(organization_id: int) -> list[int]:
             return admitted
 
 
-def _admit_locked(organization_id: int) -> list[int]:
+def _admit_locked(organization_id: int, *, first: Iterable[int] = ()) -> list[int]:
     on_host = workspaces_on_host(organization_id)
     if on_host:
         _lock(HOST_LOCK)  # the local host is shared by every organisation: one pass reserves
@@ -294,15 +258,36 @@ def _admit_locked(organization_id: int) -> list[int]:
     quota = ledger.org_quota
     policy = quota.policy if quota else QueuePolicy.FIFO
     max_wait = quota.balanced_max_wait_seconds if quota else 600
-    chosen = plan(ledger, organization_id, policy, max_wait)
+    # What preempted jobs in their grace period hold is promised to the jobs they make room
+    # for: those count as held (on top of the leaving jobs, which still run), so nothing else
+    # takes the room, and they are admitted once their victims are gone (``first``).
+    promised = promised_jobs(_scan(_queued(organization_id)))
+    for job in promised:
+        ledger.hold(job)
+    done = {job.pk for job in promised}
+    chosen: list[Job] = []
+    for job in _scan(_queued(organization_id).filter(pk__in=set(first) - done)):
+        done.add(job.pk)
+        if not ledger.blocker(job):
+            ledger.hold(job)
+            chosen.append(job)
+    queue = DatabaseQueue(organization_id, exclude=done)
+    chosen += plan(ledger, organization_id, policy, max_wait, queue=queue)
     if quota and quota.preemption:
-        for preemption in plan_preemptions(ledger, organization_id, {job.pk for job in chosen}):
-            attempts_preempt(
+        done |= {job.pk for job in chosen}
+        queued = _queued(organization_id).exclude(pk__in=done)
+        grace = Organization.objects.values_list("preemption_grace_seconds", flat=True).get(
+            pk=organization_id
+        )
+        for preemption in plan_preemptions(ledger, organization_id, queued, now=timezone.now()):
+            leaving = attempts_preempt(
                 [held.job_id for held in preemption.victims],
                 reason=preemption.reason(),
                 for_job=preemption.job.pk,
+                grace_seconds=grace,
             )
-            chosen.append(preemption.job)
+            if not leaving:  # every victim stopped at once: the room is free now
+                chosen.append(preemption.job)
     quota_services.reservations_hold(
         chosen, organization_id=organization_id, on_host=ledger.on_host, host=HOST
     )

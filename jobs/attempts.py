@@ -31,7 +31,7 @@ from audit.context import Actor
 from config import secrets
 from config.db import copy_insert
 
-from . import dispatch
+from . import dispatch, metrics_events
 from .launch_requests import ResolvedTarget, cluster_name_for, launch_request
 from .launchers import launcher_for
 from .models import ATTEMPT_ACTIVE, AttemptState, Job, JobAttempt, JobState
@@ -77,13 +77,21 @@ def attempts_create(jobs: list[Job]) -> list[JobAttempt]:
     return attempts
 
 
-def attempts_preempt(job_ids: list[int], *, reason: str, for_job: int) -> list[int]:
-    """Send running jobs back to the queue to give capacity back to a workspace under its
-    guarantee, in the caller's (admission) transaction: the jobs go to ``queued`` with a
-    ``preempted`` event (their reservations are released by that move), their attempts end as
-    ``preempted`` (so no launch or follow step acts on them again), and after commit their
-    clusters are torn down. Jobs that ended meanwhile are left alone. Returns the preempted ids.
-    """
+def attempts_preempt(
+    job_ids: list[int], *, reason: str, for_job: int, grace_seconds: int = 0
+) -> list[int]:
+    """Take capacity back from running jobs for a workspace under its guarantee (job
+    ``for_job``), in the caller's (admission) transaction. Returns the ids of the jobs that are
+    still leaving (in their grace period); the others are gone when the transaction commits.
+
+    A running job, when the organisation gives a grace period, becomes ``preempting``
+    (``job.preempting`` event and audit action): after commit its driver gets SIGTERM, and
+    ``jobs/preempting.py`` tears its cluster down and requeues it once the driver has exited or
+    the grace has passed; it holds its reservation until then. A job still launching (no
+    driver to warn), or any job without a grace period, goes back to ``queued`` at once with a
+    ``preempted`` event (its reservation is released by that move), its attempt ends
+    ``preempted`` (so no launch or follow step acts on it again), and after commit its cluster
+    is torn down. Jobs that ended meanwhile are left alone."""
     jobs = list(
         Job.objects.select_for_update(of=("self",))
         .filter(pk__in=job_ids, state__in=(JobState.LAUNCHING, JobState.RUNNING))
@@ -92,28 +100,76 @@ def attempts_preempt(job_ids: list[int], *, reason: str, for_job: int) -> list[i
     if not jobs:
         return []
     active = JobAttempt.objects.filter(job__in=jobs, state__in=ATTEMPT_ACTIVE)
-    attempts = {job_id: (pk, n) for job_id, pk, n in active.values_list("job_id", "pk", "number")}
-    transition(
-        jobs,
-        JobState.QUEUED,
-        actor=SYSTEM,
-        kind="preempted",
-        reason=reason,
-        data_by_job={
-            job.pk: {"attempt": attempts.get(job.pk, (None, None))[1], "preempted_for": for_job}
-            for job in jobs
-        },
-    )
-    JobAttempt.objects.filter(pk__in=[pk for pk, _ in attempts.values()]).update(
-        state=AttemptState.PREEMPTED,
-        failure_reason="preempted",
-        finished_at=Coalesce(F("finished_at"), Value(timezone.now())),
-    )
-    ids = [str(pk) for pk, _ in attempts.values()]
-    transaction.on_commit(
-        lambda: dispatch.send_each(dispatch.EVICT, [(pk,) for pk in ids]), robust=True
-    )
-    return [job.pk for job in jobs]
+    attempts = {
+        job_id: (pk, n, running_at)
+        for job_id, pk, n, running_at in active.values_list("job_id", "pk", "number", "running_at")
+    }
+    graceful = [job for job in jobs if grace_seconds > 0 and job.state == JobState.RUNNING]
+    at_once = [job for job in jobs if job not in graceful]
+    now = timezone.now()
+
+    def data(job: Job, **more: Any) -> dict[str, Any]:
+        return {"attempt": attempts.get(job.pk, (None, None))[1], "preempted_for": for_job, **more}
+
+    if graceful:
+        transition(
+            graceful,
+            JobState.PREEMPTING,
+            actor=SYSTEM,
+            kind="preempting",
+            reason=reason,
+            audit_action="job.preempting",
+            data_by_job={job.pk: data(job, grace_seconds=grace_seconds) for job in graceful},
+        )
+        leaving = [str(attempts[job.pk][0]) for job in graceful if job.pk in attempts]
+        JobAttempt.objects.filter(pk__in=leaving).update(
+            preempting_at=now, preempted_for_id=for_job, grace_seconds=grace_seconds
+        )
+        transaction.on_commit(
+            lambda: dispatch.send_each(dispatch.PREEMPT, [(pk,) for pk in leaving]), robust=True
+        )
+    if at_once:
+        lost = {
+            job.pk: preempted_gpu_seconds(job, attempts[job.pk][2], now)
+            for job in at_once
+            if job.pk in attempts
+        }
+        transition(
+            at_once,
+            JobState.QUEUED,
+            actor=SYSTEM,
+            kind="preempted",
+            reason=reason,
+            data_by_job={job.pk: data(job, gpu_seconds=lost.get(job.pk, 0.0)) for job in at_once},
+        )
+        ended = []
+        for job in at_once:
+            if job.pk not in attempts:
+                continue
+            pk = attempts[job.pk][0]
+            ended += [str(pk)]
+            JobAttempt.objects.filter(pk=pk).update(
+                state=AttemptState.PREEMPTED,
+                failure_reason="preempted",
+                finished_at=Coalesce(F("finished_at"), Value(now)),
+                preempting_at=now,
+                preempted_for_id=for_job,
+                grace_seconds=0,
+                preempted_gpu_seconds=lost[job.pk],
+            )
+        transaction.on_commit(lambda: metrics_events.gpu_lost(at_once, lost), robust=True)
+        transaction.on_commit(
+            lambda: dispatch.send_each(dispatch.EVICT, [(pk,) for pk in ended]), robust=True
+        )
+    return [job.pk for job in graceful]
+
+
+def preempted_gpu_seconds(job: Job, running_at: dt.datetime | None, end: dt.datetime) -> float:
+    """The GPU-seconds an attempt of ``job`` had run by ``end``: the work a preemption throws
+    away (0 for an attempt that never ran)."""
+    if running_at is None or not job.requested_gpu:
+        return 0.0
+    return round(max(0.0, (end - running_at).total_seconds()) * job.requested_gpu, 3)
 
 
 # --- leases and handles ---------------------------------------------------------------------

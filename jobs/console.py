@@ -35,7 +35,7 @@ from .models import Job, JobAttempt, JobEvent, JobState
 SHOWN = ("cpu", "memory_gb", "gpu")  # the resources the bars show (disk is in the quota pages)
 HISTORY_DAYS = 7
 WAITING = (JobState.PENDING_APPROVAL, JobState.QUEUED)
-ACTIVE = (JobState.LAUNCHING, JobState.RUNNING)
+ACTIVE = (JobState.LAUNCHING, JobState.RUNNING, JobState.PREEMPTING)
 
 
 @dataclasses.dataclass

@@ -26,6 +26,7 @@ FAN_OUT = "manta.jobs.fan_out_launches"
 FOLLOW = "manta.jobs.follow_attempt"
 CANCEL = "manta.jobs.cancel_attempt"
 EVICT = "manta.jobs.evict_attempt"
+PREEMPT = "manta.jobs.preempt_attempt"
 
 FAN_OUT_ABOVE = 8  # launches sent by one task instead of from the admission's commit
 

@@ -80,6 +80,12 @@ def launch_request(
         "MANTA_JOB_ID": str(job.pk),
         "MANTA_ATTEMPT": str(attempt.number),
     }
+    grace = job.organization.preemption_grace_seconds
+    if grace:
+        # Ray's stop_job sends the driver SIGTERM, then SIGKILL after this many seconds (read
+        # by the job's supervisor actor, which runs with the job's runtime_env): a preempted
+        # driver gets the organisation's grace period to write a checkpoint.
+        runtime_env["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"] = str(grace)
     if attempt.code_package:  # fetched from the job's code source
         runtime_env["working_dir"] = f"{PACKAGE_URI_PREFIX}{attempt.code_package}"
     packages = {}

@@ -48,10 +48,15 @@ def jobs_moved(
         elif source == AWAITING_APPROVAL and target in DECISIONS:
             metrics.APPROVAL_WAIT.labels(**labels, decision=DECISIONS[target]).observe(waited)
         if source == S.RUNNING and target != S.RUNNING:
-            outcome = kind if kind in ("retry", "preempted") else target
+            # A run preempted with a grace period ends (its work is lost) when the grace starts.
+            outcome = "preempted" if kind == "preempting" else kind
+            outcome = outcome if outcome in ("retry", "preempted") else target
             metrics.RUN_TIME.labels(**labels, outcome=outcome).observe(waited)
-        if kind == "preempted":
+        if kind == "preempting":  # the preemption is decided; the eviction follows the grace
             metrics.PREEMPTIONS.labels(**labels, reason="guarantee_reclaimed").inc()
+        elif kind == "preempted":
+            if source != S.PREEMPTING:
+                metrics.PREEMPTIONS.labels(**labels, reason="guarantee_reclaimed").inc()
             metrics.EVICTIONS.labels(**labels, reason="preempted").inc()
         elif kind == "retry":
             metrics.RETRIES.labels(**labels, reason=reason or "unknown").inc()
@@ -60,6 +65,15 @@ def jobs_moved(
             metrics.FAILURES.labels(**labels, reason=reason or "unknown").inc()
         if reason == "cluster_lost" and kind in ("retry", S.FAILED):
             metrics.CLUSTER_LOST.labels(**labels).inc()
+
+
+def gpu_lost(jobs: Sequence, seconds_by_job: Mapping[int, float]) -> None:
+    """Count the GPU-hours preempted attempts of ``jobs`` had run (once per attempt: the caller
+    counts only the move that ended it)."""
+    for job in jobs:
+        seconds = seconds_by_job.get(job.pk, 0.0)
+        if seconds > 0:
+            metrics.PREEMPTED_GPU_HOURS.labels(**metrics.tenant(job)).inc(seconds / 3600)
 
 
 @contextlib.contextmanager

@@ -44,6 +44,7 @@ WAITING_STATES = (
     JobState.QUEUED,
     JobState.LAUNCHING,
     JobState.RUNNING,
+    JobState.PREEMPTING,
 )
 # Why a job waits (``manta_pending_jobs{reason}``): the categories of the why-waiting text that
 # ``jobs/admission.py``'s explain gives one job (``quotas/ledger.py``'s blockers).

@@ -65,6 +65,9 @@ class JobState(models.TextChoices):
     QUEUED = "queued"
     LAUNCHING = "launching"
     RUNNING = "running"
+    # Preempted, within its grace period: its driver was sent SIGTERM and its cluster is torn
+    # down once the driver exits or the grace passes; it still holds its reservation.
+    PREEMPTING = "preempting"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -74,7 +77,8 @@ class JobState(models.TextChoices):
 TERMINAL_STATES = frozenset(
     {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED}
 )
-ACTIVE_STATES = frozenset({JobState.LAUNCHING, JobState.RUNNING})
+# The states that hold a reservation.
+ACTIVE_STATES = frozenset({JobState.LAUNCHING, JobState.RUNNING, JobState.PREEMPTING})
 
 
 class Job(models.Model):
@@ -216,6 +220,16 @@ class JobAttempt(models.Model):
     running_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     torn_down_at = models.DateTimeField(null=True, blank=True)
+    # Preemption: when the attempt was told to leave (its grace period starts), for which
+    # queued job, how long a grace it has, when its driver was sent SIGTERM, and the GPU-seconds
+    # it had run when it ended preempted (work lost to the preemption).
+    preempting_at = models.DateTimeField(null=True, blank=True)
+    preempted_for = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    grace_seconds = models.PositiveIntegerField(null=True, blank=True)
+    sigterm_at = models.DateTimeField(null=True, blank=True)
+    preempted_gpu_seconds = models.FloatField(default=0, db_default=0)
 
     class Meta:
         ordering = ["job_id", "number"]

@@ -6,7 +6,8 @@ A spec is what a template version holds and what a job resolves to (template + o
      "head": {"cpu", "memory_gb", "gpu", "disk_gb"},
      "worker_groups": [{"name", "replicas", "min_replicas", "max_replicas",
                         "cpu", "memory_gb", "gpu", "disk_gb", "resources"}],
-     "max_runtime_seconds", "max_retries", "priority", "ttl_seconds_after_finished",
+     "max_runtime_seconds", "min_runtime_seconds", "max_retries", "priority",
+     "ttl_seconds_after_finished",
      "code": {"source", "ref"}}
 
 Validation is a DRF serializer so every error names its field (``worker_groups.1.name``). The
@@ -47,6 +48,7 @@ SPEC_FIELDS = (
     "head",
     "worker_groups",
     "max_runtime_seconds",
+    "min_runtime_seconds",
     "max_retries",
     "priority",
     "ttl_seconds_after_finished",
@@ -243,6 +245,13 @@ class JobSpec(StrictSerializer):
     max_runtime_seconds = serializers.IntegerField(
         min_value=1, max_value=MAX_RUNTIME_SECONDS, required=False
     )
+    min_runtime_seconds = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_RUNTIME_SECONDS,
+        required=False,
+        help_text="Once running, the job is not preempted before it has run this long (at most "
+        "the organisation's max_min_runtime_seconds; default 0)",
+    )
     max_retries = serializers.IntegerField(min_value=0, max_value=10, required=False)
     priority = serializers.IntegerField(
         min_value=1, max_value=9, required=False, help_text="1-9, 9 highest"
@@ -288,6 +297,15 @@ class JobSpec(StrictSerializer):
         if version is not None and version < MIN_RAY_VERSION:
             raise serializers.ValidationError(
                 f"Ray {version[0]}.{version[1]} is too old; Manta needs Ray >= 2.6"
+            )
+        return value
+
+    def validate_min_runtime_seconds(self, value: int) -> int:
+        org = self.context.get("organization")
+        cap = getattr(org, "max_min_runtime_seconds", None)
+        if cap is not None and value > cap:
+            raise serializers.ValidationError(
+                f"must be at most {cap}, the organisation's max_min_runtime_seconds"
             )
         return value
 

@@ -6,7 +6,13 @@
             │      ╲                 ▲  │              │             │  ╲──▶ failed
           reject    cancel           │  cancel      fail/cancel      │   ╲─▶ cancelled
             ▼                        │                               │
-         rejected          retry / preempt ◀─────────────────────────┘
+         rejected          retry / preempt ◀─────────────────────────┤
+                                     ▲                          preempt (grace)
+                                     │                               ▼
+                                     └────── preempted ◀──────── preempting ──▶ cancelled
+
+A running victim with a grace period first becomes ``preempting`` (its driver gets SIGTERM;
+it keeps its reservation until its cluster is down), then ``queued`` (kind ``preempted``).
 
 Every change goes through :func:`transition`, for one job or many: it locks the job rows (so two
 writers serialise instead of racing a read-then-write), refuses an illegal move with 409
@@ -41,7 +47,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.PENDING_APPROVAL: frozenset({S.QUEUED, S.REJECTED, S.CANCELLED}),
     S.QUEUED: frozenset({S.LAUNCHING, S.CANCELLED}),
     S.LAUNCHING: frozenset({S.RUNNING, S.FAILED, S.CANCELLED, S.QUEUED, S.SUCCEEDED}),
-    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.QUEUED}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.QUEUED, S.PREEMPTING}),
+    # A driver that finished before its SIGTERM keeps its success.
+    S.PREEMPTING: frozenset({S.QUEUED, S.CANCELLED, S.SUCCEEDED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
     S.CANCELLED: frozenset(),
@@ -59,6 +67,7 @@ EVENT_TYPES = {
     "succeeded": "job.succeeded",
     "failed": "job.failed",
     "cancelled": "job.cancelled",
+    "preempting": "job.preempting",
     "preempted": "job.preempted",
     "node_restarted": "job.node_restarted",
 }

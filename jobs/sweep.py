@@ -27,7 +27,7 @@ def sweep() -> dict[str, int]:
     """Find work whose task was lost (a worker died) and enqueue it again."""
     now = timezone.now()
     stale = now - dt.timedelta(seconds=settings.MANTA_HEARTBEAT_STALE_SECONDS)
-    counts = {"launch": 0, "follow": 0, "cancel": 0, "admit": 0}
+    counts = {"launch": 0, "follow": 0, "cancel": 0, "preempting": 0, "admit": 0}
     active = JobAttempt.objects.filter(state__in=ATTEMPT_ACTIVE).filter(
         Q(heartbeat_at__lt=stale) | Q(heartbeat_at__isnull=True, created_at__lt=stale)
     )
@@ -36,6 +36,10 @@ def sweep() -> dict[str, int]:
         if attempt.job.state == JobState.CANCELLED:
             dispatch.send(dispatch.CANCEL, str(attempt.pk))
             counts["cancel"] += 1
+        elif attempt.job.state == JobState.PREEMPTING:
+            JobAttempt.objects.filter(pk=attempt.pk).update(heartbeat_at=now)
+            dispatch.send(dispatch.PREEMPT, str(attempt.pk))
+            counts["preempting"] += 1
         elif not attempt.submitted:
             JobAttempt.objects.filter(pk=attempt.pk).update(heartbeat_at=now)
             dispatch.send(dispatch.LAUNCH, str(attempt.pk))

@@ -11,7 +11,7 @@ from django.db import InterfaceError, OperationalError
 from config.celery import send_many
 from packages import services as package_services
 
-from . import following, launching, selectors
+from . import following, launching, preempting, selectors
 from . import sweep as sweeping
 
 logger = logging.getLogger(__name__)
@@ -50,6 +50,9 @@ def admit() -> dict[int, list[int]]:
     return admit_all()
 
 
+PREEMPTING_INTERVAL = 1  # seconds between looks at a preempted driver in its grace period
+
+
 @shared_task(name="manta.jobs.fan_out_launches", **DB_RETRY)
 def fan_out_launches(attempt_ids: list[str]) -> None:
     send_many(launch_attempt, [(pk,) for pk in attempt_ids])
@@ -76,6 +79,13 @@ def cancel_attempt(attempt_id: str) -> None:
 @shared_task(name="manta.jobs.evict_attempt", **DB_RETRY)
 def evict_attempt(attempt_id: str) -> None:
     following.attempt_evict(attempt_id)
+
+
+@shared_task(name="manta.jobs.preempt_attempt", **DB_RETRY)
+def preempt_attempt(attempt_id: str) -> None:
+    """A step of a preempted attempt's grace period, again every second until it is over."""
+    if preempting.attempt_preempting_step(attempt_id):
+        preempt_attempt.apply_async((attempt_id,), countdown=PREEMPTING_INTERVAL)
 
 
 @shared_task(name="manta.jobs.sweep", **DB_RETRY)

@@ -133,6 +133,11 @@ EVENT_TYPES: dict[str, EventType] = {
         _job("job.succeeded", "A job finished successfully"),
         _job("job.failed", "A job failed"),
         _job("job.cancelled", "A job was cancelled"),
+        _job(
+            "job.preempting",
+            "A running job was chosen for preemption: its driver got SIGTERM and has the "
+            "organisation's grace period before its cluster is torn down",
+        ),
         _job("job.preempted", "A running job was preempted and queued again"),
         _job("job.node_restarted", "A dead worker node of a job's cluster was started again"),
         EventType(

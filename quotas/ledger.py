@@ -55,6 +55,21 @@ class Held:
     admitted_at: Any
     requested: dict[str, float]
     max_runtime_seconds: int = 0
+    # Its minimum runtime (already capped by the organisation), and since when its attempt runs
+    # (None while it launches).
+    min_runtime_seconds: int = 0
+    running_since: dt.datetime | None = None
+    # Already preempted, within its grace period: its capacity is on its way back.
+    leaving: bool = False
+
+    def protected(self, now: dt.datetime) -> bool:
+        """Whether the job is within its minimum runtime, so no victim: it asked for one and
+        has not run that long yet (a job still launching has not started to)."""
+        if self.min_runtime_seconds <= 0:
+            return False
+        if self.running_since is None:
+            return True
+        return (now - self.running_since).total_seconds() < self.min_runtime_seconds
 
 
 def month_start(now: dt.datetime) -> dt.datetime:

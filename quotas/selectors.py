@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from django.db.models import Count, Sum
 
-from .ledger import EPSILON, Held, Ledger, Usage
+from .ledger import EPSILON, Ledger, Usage
 from .models import RESOURCES, OrgQuota, Reservation, WorkspaceQuota
 
 TOTALS = {**{name: Sum(name) for name in RESOURCES}, "jobs": Count("id")}
@@ -89,21 +89,6 @@ def ledger_for(
             if q.gpu_hours_per_month is not None
         },
     )
-
-
-def held_in_preemption_order(organization_id: int) -> list[Held]:
-    """The active reservations of an organisation, in preemption order: lowest priority first,
-    then the newest admission first (it has lost the least work)."""
-    rows = (
-        active_reservations()
-        .filter(organization_id=organization_id)
-        .order_by("job__priority", "-created_at", "-job_id")
-        .values_list("job_id", "workspace_id", "job__priority", "created_at", *RESOURCES)
-    )
-    return [
-        Held(job_id, ws_id, priority, at, dict(zip(RESOURCES, amounts, strict=True)))
-        for job_id, ws_id, priority, at, *amounts in rows
-    ]
 
 
 def drift_over_limits() -> dict[str, int]:

@@ -21,6 +21,9 @@ slug_validator = RegexValidator(
 )
 
 
+MAX_MIN_RUNTIME_SECONDS = 7 * 24 * 3600  # a job's max_runtime_seconds is capped at a week too
+MAX_PREEMPTION_GRACE_SECONDS = 3600
+
 # The keys a workspace's approval thresholds may name: above any, a job needs approval.
 THRESHOLD_KEYS = ("gpu", "cpu", "memory_gb", "max_runtime_seconds")
 
@@ -109,6 +112,17 @@ class Organization(models.Model):
     # The most Ray nodes (head + worker replicas) one job may ask for.
     max_nodes_per_job = models.PositiveIntegerField(
         default=16, validators=[MinValueValidator(1), MaxValueValidator(1000)]
+    )
+    # The longest minimum runtime a job may ask for (its spec's min_runtime_seconds): a job
+    # younger than its minimum is never preempted, so this bounds how long a workspace under
+    # its guarantee may have to wait for borrowed capacity.
+    max_min_runtime_seconds = models.PositiveIntegerField(
+        default=3600, db_default=3600, validators=[MaxValueValidator(MAX_MIN_RUNTIME_SECONDS)]
+    )
+    # How long a preempted job's driver has between SIGTERM and the end of its cluster (time to
+    # write a checkpoint). 0: it is stopped at once.
+    preemption_grace_seconds = models.PositiveIntegerField(
+        default=30, db_default=30, validators=[MaxValueValidator(MAX_PREEMPTION_GRACE_SECONDS)]
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -71,7 +71,13 @@ def org_create(
     return org, owner
 
 
-ORG_EDITABLE = ["name", "allowed_image_prefixes", "max_nodes_per_job"]
+ORG_EDITABLE = [
+    "name",
+    "allowed_image_prefixes",
+    "max_nodes_per_job",
+    "max_min_runtime_seconds",
+    "preemption_grace_seconds",
+]
 
 
 @transaction.atomic

@@ -53,6 +53,11 @@ def _describe(job: Job) -> str:
         if attempt.get("dashboard_url"):
             parts.append(f"dashboard {attempt['dashboard_url']}")
         return f"running ({', '.join(parts)})"
+    if state == "preempting":
+        return (
+            f"preempting (attempt {attempt.get('number', 1)}): the driver was sent SIGTERM; "
+            "its cluster goes when it exits or the grace period ends, then it queues again"
+        )
     if state == "failed":
         exit_code = attempt.get("exit_code")
         reasons = [

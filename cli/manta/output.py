@@ -21,6 +21,7 @@ STATE_STYLES = {
     "queued": "cyan",
     "launching": "blue",
     "running": "bold blue",
+    "preempting": "yellow",
     "succeeded": "green",
     "failed": "red",
     "cancelled": "magenta",

@@ -43,6 +43,7 @@ class TemplateUpdateInput(StrictSerializer):
     head = serializers.DictField(required=False)
     worker_groups = serializers.ListField(child=serializers.DictField(), required=False)
     max_runtime_seconds = serializers.IntegerField(required=False)
+    min_runtime_seconds = serializers.IntegerField(required=False)
     max_retries = serializers.IntegerField(required=False)
     priority = serializers.IntegerField(required=False)
     ttl_seconds_after_finished = serializers.IntegerField(required=False)
@@ -164,6 +165,8 @@ class AttemptOutput(serializers.ModelSerializer):
             "finished_at",
             "torn_down_at",
             "phases",
+            "preempting_at",
+            "preempted_gpu_seconds",
         ]
 
     def get_dashboard_url(self, attempt) -> str:

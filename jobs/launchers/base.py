@@ -137,6 +137,13 @@ class Launcher(Protocol):
         NodeFailures once a node died more than ``max_restarts`` times. Launchers whose
         cluster heals itself (kuberay) or is not ours (ray) return []."""
 
+    def stop_driver(self, handle: dict[str, Any]) -> bool:
+        """Ask the Ray job's driver to stop and leave the cluster up: Ray's ``stop_job`` sends
+        SIGTERM to the driver and its children, then SIGKILL after the job's
+        ``RAY_JOB_STOP_WAIT_TIME_S``. True when the request reached Ray; launchers that cannot
+        reach the driver (kuberay: its submitter, not Manta, talks to Ray) return False. Raises
+        LaunchError when the cluster does not answer."""
+
     def stop(self, handle: dict[str, Any]) -> None:
         """Stop the Ray job and tear down whatever start_cluster() started. Idempotent, never
         raises for something that is already gone."""

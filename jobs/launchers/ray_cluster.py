@@ -104,6 +104,10 @@ class RayClusterLauncher:
     def heal(self, handle: dict[str, Any], *, max_restarts: int) -> list[dict[str, Any]]:
         return []  # a shared cluster's nodes are its operator's to keep
 
+    def stop_driver(self, handle: dict[str, Any]) -> bool:
+        ray_jobs.stop_job(self._client(), handle["submission_id"])
+        return True
+
     def stop(self, handle: dict[str, Any]) -> None:
         # An unreachable cluster has nothing of ours left to stop.
         with contextlib.suppress(LaunchError):

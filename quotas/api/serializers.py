@@ -87,3 +87,7 @@ class UsageOutput(serializers.Serializer):
     pending_approval = serializers.IntegerField()
     gpu_hours_this_month = serializers.FloatField()
     gpu_hours_per_month = serializers.FloatField(allow_null=True)
+    preempted_gpu_hours_this_month = serializers.FloatField(
+        help_text="GPU-hours this workspace's preempted attempts had run when they were stopped "
+        "this month: work lost to preemption"
+    )

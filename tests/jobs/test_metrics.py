@@ -217,6 +217,7 @@ def test_a_scrape_reports_the_levels_the_sweep_took(db):
         "queued": 1,
         "launching": 0,
         "running": 1,
+        "preempting": 0,
         "succeeded": 1,
         "failed": 0,
         "cancelled": 0,

@@ -11,6 +11,8 @@ from config.strict import StrictSerializer, unknown_errors
 from workspaces import kubeconfig
 from workspaces.models import (
     EMAIL_CATEGORIES,
+    MAX_MIN_RUNTIME_SECONDS,
+    MAX_PREEMPTION_GRACE_SECONDS,
     ApiToken,
     ApprovalPolicy,
     ComputeTarget,
@@ -70,6 +72,8 @@ class OrgOutput(serializers.ModelSerializer):
             "name",
             "allowed_image_prefixes",
             "max_nodes_per_job",
+            "max_min_runtime_seconds",
+            "preemption_grace_seconds",
             "created_at",
             "role",
         ]
@@ -91,6 +95,20 @@ class OrgUpdateInput(StrictSerializer):
         min_value=1,
         max_value=1000,
         help_text="The most Ray nodes (head + worker replicas) one job may ask for.",
+    )
+    max_min_runtime_seconds = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=MAX_MIN_RUNTIME_SECONDS,
+        help_text="The longest min_runtime_seconds a job may ask for (a job younger than its "
+        "minimum runtime is never preempted).",
+    )
+    preemption_grace_seconds = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=MAX_PREEMPTION_GRACE_SECONDS,
+        help_text="Seconds a preempted job's driver has between SIGTERM and the end of its "
+        "cluster (0: stopped at once).",
     )
 
 

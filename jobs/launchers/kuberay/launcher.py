@@ -103,6 +103,11 @@ class KubeRayLauncher:
         # deleted one.
         return []
 
+    def stop_driver(self, handle: dict[str, Any]) -> bool:
+        # The submitter pod talks to the cluster's Jobs API, not Manta: a preempted RayJob is
+        # deleted when its grace has passed (its pods get Kubernetes' own SIGTERM then).
+        return False
+
     def stop(self, handle: dict[str, Any]) -> None:
         """Delete the RayJob, in the foreground (its RayCluster and submitter Job go with it).
         Already gone is fine; another API error raises LaunchError."""

@@ -255,6 +255,12 @@ class LocalRayLauncher:
         """Start every dead worker node again (see :func:`.nodes.heal_workers`)."""
         return heal_workers(handle, max_restarts=max_restarts)
 
+    def stop_driver(self, handle: dict[str, Any]) -> bool:
+        """Ray's stop_job through the cluster's Jobs API: SIGTERM to the driver, the cluster
+        stays up (see :meth:`stop` for the rest)."""
+        self._with_client(handle, lambda c: ray_jobs.stop_job(c, handle["submission_id"]))
+        return True
+
     def stop(self, handle: dict[str, Any]) -> None:
         """Kill every process of the cluster (worker nodes before the head) and delete its temp
         dir. Never raises; stopping a cluster that is already gone does nothing."""
