@@ -238,8 +238,8 @@ class Ledger:
         return any(self.borrowing(ws, name) for ws in list(self.ws) for name in RESOURCES)
 
     def dominant_share(self, workspace_id: int) -> float:
-        """What the workspace holds now as a share of its guarantee, of the resource where that
-        share is largest (∞ when it holds a resource it has no guarantee of)."""
+        """What the workspace holds now as a share of its guarantee, of the capped resource
+        where that share is largest."""
         usage = self.ws[workspace_id]
         return self._share_of_guarantee(
             workspace_id, {name: getattr(usage, name) for name in RESOURCES}
@@ -270,9 +270,14 @@ class Ledger:
         return share / self.weight(workspace_id)
 
     def _share_of_guarantee(self, workspace_id: int, held: dict[str, float]) -> float:
+        """max over the resources the organisation caps of held ÷ guaranteed (∞ where it holds
+        one it has no guarantee of). An uncapped resource is never short, so it is nobody's
+        share: a workspace's CPUs must not make it last when only GPUs are contended."""
         quota = self.ws_quotas.get(workspace_id)
         shares = []
         for name in RESOURCES:
+            if self.org_quota is None or getattr(self.org_quota, name) is None:
+                continue
             guaranteed = quota.guaranteed()[name] if quota else 0
             used = held[name]
             if guaranteed > 0:
