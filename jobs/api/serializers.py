@@ -196,7 +196,6 @@ class JobLogsOutput(serializers.Serializer):
     )
 
 
-@extend_schema_serializer(examples=examples.JOB_OUTPUT)
 class PredictedStartOutput(serializers.Serializer):
     """When the job is expected to be admitted (see docs/prediction.md)."""
 
@@ -251,6 +250,7 @@ class QueueOutput(serializers.Serializer):
     )
 
 
+@extend_schema_serializer(examples=examples.JOB_OUTPUT)
 class JobOutput(serializers.ModelSerializer):
     requested = ResourcesOutput()
     spec = serializers.JSONField()
