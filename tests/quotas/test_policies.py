@@ -16,6 +16,7 @@ from jobs.state import transition
 from quotas import services as quota_services
 from quotas.ledger import accrued
 from quotas.models import FairShareUsage, OrgQuota, Reservation, WorkspaceQuota
+from tests.admin_forms import login
 from tests.conftest import SYSTEM
 from tests.factories import WorkspaceFactory
 from tests.quotas.test_admission import (
@@ -289,6 +290,9 @@ def test_why_waiting_shows_the_intelligent_band_and_aging(one_gpu_free):
     assert aged["current_share"] is None  # ml holds 2 GPUs without a guarantee: infinite
     strict = client.get(f"{base}{high}/").json()["queue"]["factors"]
     assert (strict["band"], strict["aged"]) == ("strict", False)
+    page = login("admin@acme.test").get(f"/admin/jobs/job/{old}/change/").content.decode()
+    assert "waited past the aging time, no longer overtaken" in page  # the console shows them
+    assert "share of its guarantee now ∞" in page
 
 
 def test_other_policies_show_no_factors(two_workspaces):
