@@ -359,6 +359,16 @@ else:
     }
 CACHES = {"default": {"KEY_PREFIX": "manta", **_cache}}
 
+# Scheduling policies (docs/scheduling.md). ``intelligent``: a priority 1-6 job that has waited
+# this long is no longer overtaken. ``fair_share``: a workspace's past usage counts half as much
+# after each half-life.
+MANTA_INTELLIGENT_AGING_MINUTES = _number(
+    "MANTA_INTELLIGENT_AGING_MINUTES", 60.0, low=0, high=525_600
+)
+MANTA_FAIR_SHARE_HALF_LIFE_HOURS = _number(
+    "MANTA_FAIR_SHARE_HALF_LIFE_HOURS", 24.0, low=0.01, high=87_600
+)
+
 # Running jobs (jobs/attempts.py).
 MANTA_LOCAL_RAY_DIR = env.str("MANTA_LOCAL_RAY_DIR", default="/tmp/manta-ray")
 # How long a queued job's predicted start (jobs/prediction.py) is reused for its detail.

@@ -22,6 +22,7 @@ import heapq
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, IntegerField, Q
 from django.db.models.fields.json import KT
@@ -46,7 +47,9 @@ from .preemption import plan_preemptions, promised_jobs
 ADVISORY_NAMESPACE = 0x6D61  # "ma": keeps our lock ids apart from other users of pg locks
 HOST_LOCK = -1  # passes that may place jobs on the shared local host take it after their org's
 QUEUE_CHUNK = 500  # queued rows fetched at a time: a pass reads only as far as it admits
-MAX_BLOCKED_SCAN = 1000  # round_robin/balanced: stop after this many misses in a row
+MAX_BLOCKED_SCAN = 1000  # round_robin/balanced/intelligent: stop after this many misses in a row
+# intelligent: jobs of this priority and above keep strict order (PAI-DLC's "intelligent").
+STRICT_PRIORITY = 7
 
 # What a pass reads of a queued job: the rest of the row (its spec, timestamps, texts) is
 # loaded by the transition that admits it, so the scan stays cheap however long the queue.
@@ -137,18 +140,15 @@ def plan(
     a simulated queue and clock.
     """
     queue = queue or DatabaseQueue(organization_id)
-    if policy == QueuePolicy.FAIR_SHARE:
-        return _plan_fair_share(ledger, organization_id, queue)
-    admitted: list[Job] = []
     now = now or timezone.now()
+    if policy == QueuePolicy.FAIR_SHARE:
+        return _plan_fair_share(ledger, queue, now)
+    admitted: list[Job] = []
     misses = 0
     for job in queue.jobs():
         if ledger.blocker(job):
-            if policy == QueuePolicy.FIFO:
+            if not _may_be_overtaken(job, policy, max_wait, now):
                 break
-            waited = (now - (job.queued_at or now)).total_seconds()
-            if policy == QueuePolicy.BALANCED and waited > max_wait:
-                break  # it has waited long enough: nothing may overtake it any more
             misses += 1
             if misses >= MAX_BLOCKED_SCAN:
                 break
@@ -159,21 +159,49 @@ def plan(
     return admitted
 
 
-def _fair_key(ledger: Ledger, ws_id: int, job: Job) -> tuple:
-    return (ledger.dominant_share(ws_id), -job.priority, job.queued_at, job.pk, ws_id, job)
+def _may_be_overtaken(job: Job, policy: str, max_wait: float, now: dt.datetime) -> bool:
+    """Whether a queued job that does not fit lets later jobs of the queue go before it.
+
+    fifo: never. round_robin: always. balanced: until it waited ``max_wait`` seconds.
+    intelligent: a job of priority 7-9 never (strict order from the top of the queue down); one
+    of priority 1-6 until it waited ``MANTA_INTELLIGENT_AGING_MINUTES``.
+    """
+    if policy == QueuePolicy.FIFO:
+        return False
+    if policy == QueuePolicy.ROUND_ROBIN:
+        return True
+    if policy == QueuePolicy.INTELLIGENT:
+        if job.priority >= STRICT_PRIORITY:
+            return False
+        max_wait = aging_seconds()
+    return _waited(job, now) <= max_wait
 
 
-def _plan_fair_share(ledger: Ledger, organization_id: int, queue: DatabaseQueue) -> list[Job]:
-    """Next job from the workspace with the lowest dominant share, until no workspace's head
+def aging_seconds() -> float:
+    return settings.MANTA_INTELLIGENT_AGING_MINUTES * 60
+
+
+def _waited(job: Job, now: dt.datetime) -> float:
+    return (now - (job.queued_at or now)).total_seconds()
+
+
+def _fair_key(ledger: Ledger, ws_id: int, job: Job, now: dt.datetime) -> tuple:
+    return (ledger.fair_share_key(ws_id, now), -job.priority, job.queued_at, job.pk, ws_id, job)
+
+
+def _plan_fair_share(ledger: Ledger, queue: DatabaseQueue, now: dt.datetime) -> list[Job]:
+    """Next job from the workspace with the lowest fair-share key (``Ledger.fair_share_key``:
+    its share now plus its decayed past usage, over its weight), until no workspace's head
     fits; each workspace's queue is read on demand."""
     queues = {ws: queue.jobs(ws) for ws in queue.workspace_ids()}
-    # A heap of each workspace's head, keyed by its workspace's dominant share: only the
-    # workspace that just got a job changes its share, so the heap stays valid.
+    # A heap of each workspace's head, keyed by its workspace's fair-share key: only the
+    # workspace that just got a job changes its share (its past usage is fixed for the pass),
+    # so the heap stays valid.
     heap = []
-    for ws, queue in queues.items():
-        head = next(queue, None)
+    for ws, jobs in queues.items():
+        head = next(jobs, None)
         if head is not None:
-            heapq.heappush(heap, _fair_key(ledger, ws, head))
+            heapq.heappush(heap, _fair_key(ledger, ws, head, now))
     admitted: list[Job] = []
     while heap:
         *_, ws_id, job = heapq.heappop(heap)
@@ -183,7 +211,7 @@ def _plan_fair_share(ledger: Ledger, organization_id: int, queue: DatabaseQueue)
         admitted.append(job)
         following = next(queues[ws_id], None)
         if following is not None:
-            heapq.heappush(heap, _fair_key(ledger, ws_id, following))
+            heapq.heappush(heap, _fair_key(ledger, ws_id, following, now))
     return admitted
 
 
@@ -301,8 +329,9 @@ def admit_all() -> dict[int, list[int]]:
     return {org: admit_single_flight(org) for org in sorted(set(orgs))}
 
 
-def explain(job: Job) -> dict[str, Any] | None:
-    """For a queued job: its position in its organisation's queue and what blocks it."""
+def explain(job: Job, *, now: dt.datetime | None = None) -> dict[str, Any] | None:
+    """For a queued job: its position in its organisation's queue and what blocks it; under
+    ``fair_share`` and ``intelligent``, the ``factors`` its place comes from (:func:`factors`)."""
     if job.state != JobState.QUEUED:
         return None
     queue = _queued(job.organization_id)
@@ -311,10 +340,50 @@ def explain(job: Job) -> dict[str, Any] | None:
         | Q(priority=job.priority, queued_at__lt=job.queued_at)
         | Q(priority=job.priority, queued_at=job.queued_at, id__lt=job.pk)
     ).count()
-    reason = ledger_for(job.organization_id).blocker(job)
+    ledger = ledger_for(job.organization_id)
+    reason = ledger.blocker(job)
     if not reason:
         reason = "waiting for the next admission pass"
-    return {"position": ahead + 1, "queued": queue.count(), "waiting_for": reason}
+    explained: dict[str, Any] = {
+        "position": ahead + 1,
+        "queued": queue.count(),
+        "waiting_for": reason,
+    }
+    policy = ledger.org_quota.policy if ledger.org_quota else QueuePolicy.FIFO
+    if policy in (QueuePolicy.FAIR_SHARE, QueuePolicy.INTELLIGENT):
+        explained["factors"] = factors(ledger, job, policy, now or timezone.now())
+    return explained
+
+
+def _finite(value: float) -> float | None:
+    """A share as JSON carries it: None for ∞ (a resource held without a guarantee of it)."""
+    return None if value == float("inf") else round(value, 6)
+
+
+def factors(ledger: Ledger, job: Job, policy: str, now: dt.datetime) -> dict[str, Any]:
+    """What places a queued job, as Slurm's ``sprio`` shows it: its workspace's share of its
+    guarantee now, its decayed past usage (as a share of its guarantee, and the GPU-hours it
+    stands for), its weight and the fair-share key they make, the job's priority and how long
+    it has waited. Under ``intelligent``: whether it keeps strict order or may be overtaken,
+    and whether it has aged past being overtaken."""
+    ws_id = job.workspace_id
+    past = ledger.past.get(ws_id)
+    gpu_seconds = past.at(now, ledger.half_life_seconds)["gpu"] if past else 0.0
+    waited = max(0.0, _waited(job, now))
+    explained: dict[str, Any] = {
+        "current_share": _finite(ledger.dominant_share(ws_id)),
+        "decayed_usage_share": _finite(ledger.usage_share(ws_id, now)),
+        "decayed_gpu_hours": round(gpu_seconds / 3600, 6),
+        "weight": ledger.weight(ws_id),
+        "fair_share_key": _finite(ledger.fair_share_key(ws_id, now)),
+        "priority": job.priority,
+        "age_seconds": round(waited, 3),
+    }
+    if policy == QueuePolicy.INTELLIGENT:
+        strict = job.priority >= STRICT_PRIORITY
+        explained["band"] = "strict" if strict else "backfill"
+        explained["aged"] = not strict and waited > aging_seconds()
+    return explained
 
 
 # --- at submission -------------------------------------------------------------------------

@@ -79,6 +79,8 @@ class WorkspaceQuotaForm(forms.ModelForm):
             **{f"guaranteed_{n}": f"{UNITS[n]} always available to it" for n in RESOURCES},
             **{f"limit_{n}": f"{UNITS[n]} at most; empty = up to the capacity" for n in RESOURCES},
             "gpu_hours_per_month": "Budget; empty = none (alerts at 80 % and 100 %)",
+            "fair_share_weight": "Under fair_share, its share (now and past) is divided by "
+            "this: 2 lets it use twice what a workspace of weight 1 uses. More than 0; empty = 1",
         }
 
     def __init__(self, *args, **kwargs):
@@ -88,6 +90,18 @@ class WorkspaceQuotaForm(forms.ModelForm):
             [f"{kind}_{name}" for kind in ("guaranteed", "limit") for name in RESOURCES]
             + ["gpu_hours_per_month"],
         )
+        weight = self.fields.get("fair_share_weight")
+        if weight is not None:
+            weight.required = False  # empty: the default, 1
+            weight.widget.attrs.update(min=0, max=1_000_000, step="any")
+
+    def clean_fair_share_weight(self) -> float:
+        weight = self.cleaned_data.get("fair_share_weight")
+        if weight is None:
+            return 1.0
+        if not 0 < weight <= 1_000_000:
+            raise forms.ValidationError("must be greater than 0 and at most 1000000")
+        return weight
 
 
 def _column(name: str):
@@ -119,6 +133,7 @@ class WorkspaceQuotaAdmin(OrgScopedAdmin):
             ("Guaranteed", {"fields": [f"guaranteed_{name}" for name in RESOURCES]}),
             ("Limit", {"fields": [f"limit_{name}" for name in RESOURCES]}),
             ("Jobs and GPU budget", {"fields": BUDGET_FIELDS}),
+            ("Fair share", {"fields": ["fair_share_weight"]}),
         ]
 
     @admin.display(description="organisation")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 from typing import Any, Protocol
 
 from .models import RESOURCES, OrgQuota, WorkspaceQuota
@@ -72,6 +73,34 @@ class Held:
         return (now - self.running_since).total_seconds() < self.min_runtime_seconds
 
 
+@dataclasses.dataclass(frozen=True)
+class PastUsage:
+    """A workspace's decayed past usage (``quotas.models.FairShareUsage``): per resource, the
+    amount × seconds held, as it stood at ``as_of``."""
+
+    amounts: dict[str, float]
+    as_of: dt.datetime
+
+    def at(self, now: dt.datetime, half_life_seconds: float) -> dict[str, float]:
+        """The amounts decayed to ``now``: each halves every ``half_life_seconds``."""
+        factor = decay(max(0.0, (now - self.as_of).total_seconds()), half_life_seconds)
+        return {name: self.amounts.get(name, 0.0) * factor for name in RESOURCES}
+
+
+def decay(seconds: float, half_life_seconds: float) -> float:
+    """What 1 becomes after ``seconds``: 2^(-seconds / half-life)."""
+    return 2.0 ** (-seconds / half_life_seconds)
+
+
+def accrued(amount: float, seconds: float, half_life_seconds: float) -> float:
+    """The decayed usage, at its end, of holding ``amount`` for ``seconds``: each moment of the
+    hold decays from when it was used, ∫₀ˢ amount · 2^(-t/h) dt = amount · h/ln 2 · (1 - 2^(-s/h)).
+    A short hold counts ≈ amount × seconds; one far longer than the half-life saturates."""
+    if seconds <= 0 or amount <= 0:
+        return 0.0
+    return amount * half_life_seconds / math.log(2) * (1.0 - decay(seconds, half_life_seconds))
+
+
 def month_start(now: dt.datetime) -> dt.datetime:
     """The start of the GPU budget period ``now`` is in."""
     return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
@@ -107,6 +136,9 @@ class Ledger:
     host: Usage = dataclasses.field(default_factory=Usage)
     host_capacity: dict[str, float | None] = dataclasses.field(default_factory=dict)
     on_host: set[int] = dataclasses.field(default_factory=set)
+    # Fair share: each workspace's decayed past usage, and the half-life it decays with.
+    past: dict[int, PastUsage] = dataclasses.field(default_factory=dict)
+    half_life_seconds: float = 86_400.0
 
     def blocker(self, claim: Claim) -> str:
         """Why ``claim`` does not fit now ('' when it does)."""
@@ -221,15 +253,51 @@ class Ledger:
         return any(self.borrowing(ws, name) for ws in list(self.ws) for name in RESOURCES)
 
     def dominant_share(self, workspace_id: int) -> float:
-        quota = self.ws_quotas.get(workspace_id)
+        """What the workspace holds now as a share of its guarantee, of the capped resource
+        where that share is largest."""
         usage = self.ws[workspace_id]
+        return self._share_of_guarantee(
+            workspace_id, {name: getattr(usage, name) for name in RESOURCES}
+        )
+
+    def usage_share(self, workspace_id: int, now: dt.datetime) -> float:
+        """The workspace's past usage as a share of its guarantee: per resource, the decayed
+        amount-seconds × ln 2 / half-life — the average amount it held, each past moment
+        weighted by its decay (a workspace that held g all along has g) — over its guarantee,
+        of the resource where that is largest. 0 without history."""
+        past = self.past.get(workspace_id)
+        if past is None:
+            return 0.0
+        per_second = math.log(2) / self.half_life_seconds
+        held = {
+            name: amount * per_second
+            for name, amount in past.at(now, self.half_life_seconds).items()
+        }
+        return self._share_of_guarantee(workspace_id, held)
+
+    def weight(self, workspace_id: int) -> float:
+        quota = self.ws_quotas.get(workspace_id)
+        return quota.fair_share_weight if quota and quota.fair_share_weight > 0 else 1.0
+
+    def fair_share_key(self, workspace_id: int, now: dt.datetime) -> float:
+        """The fair_share order, lowest first: (share now + past usage share) ÷ weight."""
+        share = self.dominant_share(workspace_id) + self.usage_share(workspace_id, now)
+        return share / self.weight(workspace_id)
+
+    def _share_of_guarantee(self, workspace_id: int, held: dict[str, float]) -> float:
+        """max over the resources the organisation caps of held ÷ guaranteed (∞ where it holds
+        one it has no guarantee of). An uncapped resource is never short, so it is nobody's
+        share: a workspace's CPUs must not make it last when only GPUs are contended."""
+        quota = self.ws_quotas.get(workspace_id)
         shares = []
         for name in RESOURCES:
+            if self.org_quota is None or getattr(self.org_quota, name) is None:
+                continue
             guaranteed = quota.guaranteed()[name] if quota else 0
-            used = getattr(usage, name)
+            used = held[name]
             if guaranteed > 0:
                 shares.append(used / guaranteed)
-            elif used > 0:
+            elif used > EPSILON:
                 shares.append(float("inf"))
         return max(shares, default=0.0)
 

@@ -19,7 +19,10 @@ class QueuePolicy(models.TextChoices):
     FIFO = "fifo"  # strict order; a head that does not fit blocks the rest
     ROUND_ROBIN = "round_robin"  # skip what does not fit, let later jobs backfill
     BALANCED = "balanced"  # round_robin, until a skipped job waited too long
-    FAIR_SHARE = "fair_share"  # lowest dominant share (usage ÷ guarantee) first
+    # lowest (dominant share of guarantee now + decayed past usage share) ÷ weight first
+    FAIR_SHARE = "fair_share"
+    # priority 7-9 in strict order, 1-6 backfilled until a job waited the aging time
+    INTELLIGENT = "intelligent"
 
 
 class OrgQuota(models.Model):
@@ -66,6 +69,10 @@ class WorkspaceQuota(models.Model):
     budget_action = models.CharField(
         max_length=8, choices=BudgetAction.choices, default=BudgetAction.REFUSE
     )
+    # Under fair_share, the workspace's share (now and past) is divided by this: a weight of 2
+    # lets it use twice as much as a workspace of weight 1 before it waits behind it.
+    # db_default: a row written by a process of the previous release (during a deploy) weighs 1.
+    fair_share_weight = models.FloatField(default=1.0, db_default=1.0)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
@@ -116,6 +123,28 @@ class Reservation(models.Model):
 
     def __str__(self) -> str:
         return f"reservation of job {self.job_id}"
+
+
+class FairShareUsage(models.Model):
+    """A workspace's past use of its organisation's resources, for ``fair_share``: per resource,
+    the amount × seconds its ended reservations held, decayed by half every
+    ``MANTA_FAIR_SHARE_HALF_LIFE_HOURS`` up to ``as_of``. One row per workspace, written when a
+    reservation is released and decayed lazily on read (``quotas.ledger.PastUsage``)."""
+
+    workspace = models.OneToOneField(
+        "workspaces.Workspace", on_delete=models.CASCADE, primary_key=True, related_name="+"
+    )
+    organization = models.ForeignKey(
+        "workspaces.Organization", on_delete=models.CASCADE, related_name="+"
+    )
+    cpu = models.FloatField(default=0)  # CPU-seconds
+    memory_gb = models.FloatField(default=0)  # GB-seconds
+    gpu = models.FloatField(default=0)  # GPU-seconds
+    disk_gb = models.FloatField(default=0)  # GB-seconds
+    as_of = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"past usage of workspace {self.workspace_id}"
 
 
 class BudgetAlert(models.Model):

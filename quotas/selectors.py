@@ -5,10 +5,21 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
+from django.conf import settings
 from django.db.models import Count, Sum
 
-from .ledger import EPSILON, Ledger, Usage
-from .models import RESOURCES, OrgQuota, Reservation, WorkspaceQuota
+from .ledger import EPSILON, Ledger, PastUsage, Usage
+from .models import (
+    RESOURCES,
+    FairShareUsage,
+    OrgQuota,
+    QueuePolicy,
+    Reservation,
+    WorkspaceQuota,
+)
+
+# The policies whose order (or whose why-waiting factors) weigh a workspace's past usage.
+PAST_USAGE_POLICIES = (QueuePolicy.FAIR_SHARE, QueuePolicy.INTELLIGENT)
 
 TOTALS = {**{name: Sum(name) for name in RESOURCES}, "jobs": Count("id")}
 
@@ -75,11 +86,12 @@ def ledger_for(
     host_usage = Usage()
     if on_host:
         host_usage = _usage(active_reservations().filter(host=host).aggregate(**TOTALS))
+    org_q = OrgQuota.objects.filter(organization_id=organization_id).first()
     return Ledger(
         host=host_usage,
         host_capacity=host_capacity() if on_host else {},
         on_host=on_host,
-        org_quota=OrgQuota.objects.filter(organization_id=organization_id).first(),
+        org_quota=org_q,
         ws_quotas=ws_quotas,
         org=org,
         ws=ws,
@@ -88,7 +100,21 @@ def ledger_for(
             for ws_id, q in ws_quotas.items()
             if q.gpu_hours_per_month is not None
         },
+        past=past_usage(organization_id) if org_q and org_q.policy in PAST_USAGE_POLICIES else {},
+        half_life_seconds=half_life_seconds(),
     )
+
+
+def half_life_seconds() -> float:
+    return settings.MANTA_FAIR_SHARE_HALF_LIFE_HOURS * 3600
+
+
+def past_usage(organization_id: int) -> dict[int, PastUsage]:
+    """Each workspace's decayed past usage, as last written (one query)."""
+    return {
+        row.workspace_id: PastUsage({name: getattr(row, name) for name in RESOURCES}, row.as_of)
+        for row in FairShareUsage.objects.filter(organization_id=organization_id)
+    }
 
 
 def drift_over_limits() -> dict[str, int]:

@@ -16,8 +16,16 @@ from config.errors import InvalidInput
 from outbox.services import event_emit
 from workspaces.archive import require_active
 
-from .ledger import Claim
-from .models import RESOURCES, BudgetAlert, OrgQuota, Reservation, WorkspaceQuota
+from .ledger import Claim, PastUsage, accrued
+from .models import (
+    RESOURCES,
+    BudgetAlert,
+    FairShareUsage,
+    OrgQuota,
+    Reservation,
+    WorkspaceQuota,
+)
+from .selectors import half_life_seconds
 
 ORG_FIELDS = [
     *RESOURCES,
@@ -30,6 +38,7 @@ WS_FIELDS = (
     [f"guaranteed_{r}" for r in RESOURCES]
     + [f"limit_{r}" for r in RESOURCES]
     + ["max_running_jobs", "max_queued_jobs", "gpu_hours_per_month", "budget_action"]
+    + ["fair_share_weight"]
 )
 
 
@@ -55,6 +64,15 @@ def _check_consistency(org_q: OrgQuota, ws_quotas: list[WorkspaceQuota]) -> None
                 f"guaranteed_{name}" if ws_quotas else name,
                 f"the workspaces' guarantees add up to {total:g}, above the capacity {capacity:g}",
             )
+
+
+def _check_weight(quota: WorkspaceQuota) -> None:
+    """A fair-share weight divides the workspace's share: 0 would divide by 0, and a negative
+    weight would put the heaviest user first."""
+    if not quota.fair_share_weight > 0:
+        raise InvalidInput.on(
+            "fair_share_weight", f"must be greater than 0, not {quota.fair_share_weight:g}"
+        )
 
 
 @transaction.atomic
@@ -97,7 +115,7 @@ def workspace_quota_update(*, actor: Actor, workspace, data: dict[str, Any]) -> 
         data=data,
         actor=actor,
         action="quota.update",
-        validate=lambda _: _check_consistency(org_q, [*others, quota]),
+        validate=lambda _: (_check_weight(quota), _check_consistency(org_q, [*others, quota])),
         full_clean=False,
         target_repr=f"quota of {workspace}",
         workspace=workspace,
@@ -125,10 +143,73 @@ def reservations_hold(
     )
 
 
+@transaction.atomic(savepoint=False)  # the caller's transaction; atomic for a bare call
 def reservations_release(job_ids: list[int]) -> int:
-    """Release what these jobs hold, in the caller's transaction. Returns how many rows."""
-    return Reservation.objects.filter(job_id__in=job_ids, released_at__isnull=True).update(
-        released_at=timezone.now()
+    """Release what these jobs hold, in the caller's transaction, and fold what each held into
+    its workspace's past usage (:func:`fair_share_usage_fold`). Returns how many rows.
+
+    Exactly once: only a reservation still active is released and folded, and the rows are
+    locked first, so a release repeated, or racing another, finds nothing left to fold."""
+    now = timezone.now()
+    active = Reservation.objects.select_for_update().filter(
+        job_id__in=job_ids, released_at__isnull=True
+    )
+    rows = list(
+        active.values_list("pk", "organization_id", "workspace_id", "created_at", *RESOURCES)
+    )
+    if not rows:
+        return 0
+    released = Reservation.objects.filter(
+        pk__in=[row[0] for row in rows], released_at__isnull=True
+    ).update(released_at=now)
+    held: list[tuple[int, int, float, dict[str, float]]] = [
+        (org_id, ws_id, (now - created).total_seconds(), dict(zip(RESOURCES, amounts, strict=True)))
+        for _, org_id, ws_id, created, *amounts in rows
+    ]
+    fair_share_usage_fold(held, now=now)
+    return released
+
+
+def fair_share_usage_fold(
+    held: list[tuple[int, int, float, dict[str, float]]], *, now: dt.datetime
+) -> None:
+    """Add ended holds — (organisation, workspace, seconds, amounts) — to their workspaces'
+    decayed past usage as of ``now``: the stored amounts decay to ``now``, then each hold adds
+    what it accrued (``quotas.ledger.accrued``). Three queries however many holds: create the
+    rows that are missing (empty), lock them all in workspace order (two releases never wait
+    for each other in a circle), write them back."""
+    if not held:
+        return
+    half_life = half_life_seconds()
+    added: dict[int, dict[str, float]] = {}
+    org_of: dict[int, int] = {}
+    for org_id, ws_id, seconds, amounts in held:
+        org_of[ws_id] = org_id
+        sums = added.setdefault(ws_id, dict.fromkeys(RESOURCES, 0.0))
+        for name in RESOURCES:
+            sums[name] += accrued(amounts[name], seconds, half_life)
+    FairShareUsage.objects.bulk_create(
+        [
+            FairShareUsage(workspace_id=ws_id, organization_id=org_of[ws_id], as_of=now)
+            for ws_id in added
+        ],
+        ignore_conflicts=True,  # a row another release created first is kept, and added to
+    )
+    rows = list(
+        FairShareUsage.objects.select_for_update().filter(workspace_id__in=added).order_by("pk")
+    )
+    for row in rows:
+        past = PastUsage({name: getattr(row, name) for name in RESOURCES}, row.as_of)
+        for name, amount in past.at(now, half_life).items():
+            setattr(row, name, amount + added[row.workspace_id][name])
+        row.as_of = max(now, row.as_of)
+    # Written back as an upsert of rows that all exist: one plain INSERT … ON CONFLICT DO
+    # UPDATE, where bulk_update would build a CASE per row and field (ten times slower here).
+    FairShareUsage.objects.bulk_create(
+        rows,
+        update_conflicts=True,
+        unique_fields=["workspace"],
+        update_fields=[*RESOURCES, "as_of"],
     )
 
 

@@ -395,7 +395,7 @@ WS_QUOTA = {"guaranteed_cpu": 4, "guaranteed_memory_gb": 16, "guaranteed_gpu": 1
             "guaranteed_disk_gb": 100, "limit_cpu": 32, "limit_memory_gb": 128, "limit_gpu": 4,
             "limit_disk_gb": 500, "max_running_jobs": 5,
             "max_queued_jobs": 50, "gpu_hours_per_month": 100,
-            "budget_action": "queue"}  # fmt: skip
+            "budget_action": "queue", "fair_share_weight": 2.5}  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -199,6 +199,60 @@ class JobLogsOutput(serializers.Serializer):
     )
 
 
+class PredictedStartOutput(serializers.Serializer):
+    """When the job is expected to be admitted (see docs/prediction.md)."""
+
+    p50 = serializers.DateTimeField(allow_null=True, help_text="Median; null: cannot predict")
+    p90 = serializers.DateTimeField(allow_null=True, help_text="90th percentile")
+    why_unknown = serializers.CharField(
+        allow_blank=True, help_text="When p50 is null: why there is no prediction"
+    )
+
+
+class QueueFactorsOutput(serializers.Serializer):
+    """What places a queued job under ``fair_share`` or ``intelligent``, as Slurm's ``sprio``
+    shows it (docs/scheduling.md#policies). A share is null where it is infinite: the workspace
+    holds (or held) a resource it has no guarantee of."""
+
+    current_share = serializers.FloatField(
+        allow_null=True, help_text="What its workspace holds now ÷ its guarantee (dominant)"
+    )
+    decayed_usage_share = serializers.FloatField(
+        allow_null=True,
+        help_text="Its workspace's decayed past usage, as an average held ÷ its guarantee",
+    )
+    decayed_gpu_hours = serializers.FloatField(
+        help_text="Its workspace's past GPU use, in GPU-hours decayed to now"
+    )
+    weight = serializers.FloatField(help_text="Its workspace's fair_share_weight")
+    fair_share_key = serializers.FloatField(
+        allow_null=True,
+        help_text="(current_share + decayed_usage_share) ÷ weight: lowest goes first",
+    )
+    priority = serializers.IntegerField()
+    age_seconds = serializers.FloatField(help_text="How long it has been queued")
+    band = serializers.ChoiceField(
+        choices=["strict", "backfill"],
+        required=False,
+        help_text="intelligent only: priority 7-9 keep strict order, 1-6 may be overtaken",
+    )
+    aged = serializers.BooleanField(
+        required=False,
+        help_text="intelligent only: a backfill job that waited past the aging time, and is "
+        "no longer overtaken",
+    )
+
+
+class QueueOutput(serializers.Serializer):
+    position = serializers.IntegerField(help_text="1-based place in the organisation's queue")
+    queued = serializers.IntegerField(help_text="How many jobs the organisation has queued")
+    waiting_for = serializers.CharField()
+    predicted_start = PredictedStartOutput()
+    factors = QueueFactorsOutput(
+        required=False, help_text="Under fair_share and intelligent: what places the job"
+    )
+
+
 @extend_schema_serializer(examples=examples.JOB_OUTPUT)
 class JobOutput(serializers.ModelSerializer):
     requested = ResourcesOutput()
@@ -245,6 +299,7 @@ class JobOutput(serializers.ModelSerializer):
             "queue",
         ]
 
+    @extend_schema_field(QueueOutput(allow_null=True))
     def get_queue(self, job) -> dict | None:
         from jobs.admission import explain
         from jobs.prediction import cached_prediction
@@ -261,16 +316,6 @@ class JobOutput(serializers.ModelSerializer):
             return None  # an ad-hoc job
         template = job.template_version.template
         return {"id": template.pk, "name": template.name}
-
-
-class PredictedStartOutput(serializers.Serializer):
-    """When the job is expected to be admitted (see docs/prediction.md)."""
-
-    p50 = serializers.DateTimeField(allow_null=True, help_text="Median; null: cannot predict")
-    p90 = serializers.DateTimeField(allow_null=True, help_text="90th percentile")
-    why_unknown = serializers.CharField(
-        allow_blank=True, help_text="When p50 is null: why there is no prediction"
-    )
 
 
 class SubmitQuery(serializers.Serializer):

@@ -42,6 +42,11 @@ class WorkspaceQuotaSerializer(StrictModelSerializer):
     limit_gpu = serializers.FloatField(**AMOUNT)
     limit_disk_gb = serializers.FloatField(**AMOUNT)
     gpu_hours_per_month = serializers.FloatField(**AMOUNT)
+    fair_share_weight = serializers.FloatField(
+        max_value=1_000_000,
+        required=False,
+        help_text="Under fair_share, its share (now and past) is divided by this; more than 0",
+    )
     updated_at = serializers.DateTimeField(**UPDATED_AT)
 
     class Meta:
@@ -59,8 +64,14 @@ class WorkspaceQuotaSerializer(StrictModelSerializer):
             "max_queued_jobs",
             "gpu_hours_per_month",
             "budget_action",
+            "fair_share_weight",
             "updated_at",
         ]
+
+    def validate_fair_share_weight(self, value: float) -> float:
+        if not value > 0:  # a weight of 0 would divide by 0; a negative one would invert the order
+            raise serializers.ValidationError(f"must be greater than 0, not {value:g}")
+        return value
 
 
 class OrgQuotaReplaceInput(ReplaceMixin, OrgQuotaSerializer):

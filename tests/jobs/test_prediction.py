@@ -13,6 +13,7 @@ from audit.context import Actor
 from jobs import admission, prediction
 from jobs import services as job_services
 from jobs.models import AttemptState, Job, JobAttempt, JobState
+from quotas import services as quota_services
 from quotas.models import OrgQuota, Reservation, WorkspaceQuota
 from tests.factories import JobAttemptFactory, JobFactory, JobTemplateFactory, WorkspaceFactory
 
@@ -152,9 +153,10 @@ def test_the_replay_follows_the_policy(world, gpu_template):
     assert behind.p50 == prediction.predict_start(blocked).p50  # both when the head starts
 
 
-def test_queries_are_fixed_whatever_the_queue_length(world, gpu_template):
+@pytest.mark.parametrize("policy", ["fifo", "fair_share", "intelligent"])
+def test_queries_are_fixed_whatever_the_queue_length(world, gpu_template, policy):
     history(gpu_template, [100, 200])
-    capacity(world, 2)
+    capacity(world, 2, policy=policy)
     run_for(world, gpu_template, seconds_ago=10)
     jobs = [submit(world, gpu_template) for _ in range(3)]
 
@@ -165,7 +167,9 @@ def test_queries_are_fixed_whatever_the_queue_length(world, gpu_template):
 
     short = queries(jobs[-1])
     jobs += [submit(world, gpu_template) for _ in range(30)]
-    assert queries(jobs[-1]) == short <= 12  # 9 today: ledger, queue, running, history
+    # 9 under fifo: ledger, queue, running, history; fair_share and intelligent read the
+    # workspaces' past usage as well (one query): 10.
+    assert queries(jobs[-1]) == short <= 12
 
 
 def test_too_far_back_to_predict(world, gpu_template, monkeypatch):
@@ -271,3 +275,52 @@ def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def test_intelligent_predicts_a_low_priority_job_behind_a_blocked_high_priority_head(
+    world, gpu_template
+):
+    small = JobTemplateFactory(
+        workspace=world.ws,
+        name="small",
+        version__spec_changes={
+            "worker_groups": [{"name": "g", "replicas": 1, "cpu": 0, "memory_gb": 0, "gpu": 1}],
+            "max_runtime_seconds": MAX_RUNTIME,
+        },
+        version__allowed_overrides=["priority"],
+    )
+    capacity(world, 3, policy="intelligent")
+    now = timezone.now() + dt.timedelta(seconds=30)
+    run_for(world, gpu_template, seconds_ago=0, now=now)  # 2 of the 3 GPUs until MAX_RUNTIME
+    high = submit(world, gpu_template, priority=8)  # 2 GPUs: waits for the running job
+    low = submit(world, small, priority=3)  # 1 GPU: fits now, but not past a strict head
+    waiting = prediction.predict_start(low, now=now)
+    assert (waiting.position, seconds_after(now, waiting.p50)) == (2, MAX_RUNTIME)
+    assert prediction.predict_start(high, now=now).position == 1
+
+    OrgQuota.objects.filter(organization=world.org).update(policy="round_robin")
+    assert prediction.predict_start(low, now=now).position == 0  # it would backfill
+
+
+def test_fair_share_predicts_the_workspace_that_used_less_first(world, gpu_template):
+    other = WorkspaceFactory(organization=world.org, slug="other")
+    for workspace in (world.ws, other):
+        WorkspaceQuota.objects.create(workspace=workspace, guaranteed_gpu=1)
+    other_template = JobTemplateFactory(
+        workspace=other, name="train", version__spec_changes=gpu_template.versions.get().spec
+    )
+    capacity(world, 2, policy="fair_share")  # one 2-GPU job at a time
+    now = timezone.now() + dt.timedelta(seconds=30)
+    mine = submit(world, gpu_template)  # the older of the two
+    theirs = job_services.job_submit(
+        actor=Actor.for_user(world.users["owner"]), workspace=other, template=other_template
+    )
+    assert prediction.predict_start(mine, now=now).position == 0  # no history: first come
+
+    gpus = {"cpu": 0.0, "memory_gb": 0.0, "gpu": 2.0, "disk_gb": 0.0}
+    quota_services.fair_share_usage_fold(  # ml held 2 GPUs for 10 hours, ending now
+        [(world.org.pk, world.ws.pk, 10 * 3600, gpus)], now=now
+    )
+    assert prediction.predict_start(theirs, now=now).position == 0
+    waiting = prediction.predict_start(mine, now=now)
+    assert (waiting.position, seconds_after(now, waiting.p50)) == (2, MAX_RUNTIME)

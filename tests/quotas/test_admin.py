@@ -126,3 +126,21 @@ def test_adding_a_workspace_quota_offers_only_own_workspaces(world):
     assert response.status_code == 302, response.content.decode()[:3000]
     assert WorkspaceQuota.objects.get(workspace=world.ws).limit_cpu == 8
     assert AuditEvent.objects.filter(action="quota.update", workspace=world.ws).exists()
+
+
+def test_the_fair_share_weight_and_the_intelligent_policy_are_set_in_the_admin(world, quotas):
+    admin = login("admin@acme.test")
+    url = f"{WS_QUOTAS}{quotas['ml'].pk}/change/"
+    for bad in ("0", "-2"):
+        refused = submit(admin, url, fair_share_weight=bad)
+        assert refused.status_code == 200  # the form again, with the rule beside the field
+        assert "must be greater than 0" in refused.content.decode()
+    assert WorkspaceQuota.objects.get(pk=quotas["ml"].pk).fair_share_weight == 1
+    assert submit(admin, url, fair_share_weight="3").status_code == 302
+    assert WorkspaceQuota.objects.get(pk=quotas["ml"].pk).fair_share_weight == 3
+    event = AuditEvent.objects.filter(action="quota.update").latest("id")
+    assert event.changes == {"fair_share_weight": [1.0, 3.0]}
+
+    org_url = f"{ORG_QUOTAS}{quotas['acme'].pk}/change/"
+    assert submit(login("owner@acme.test"), org_url, policy="intelligent").status_code == 302
+    assert OrgQuota.objects.get(pk=quotas["acme"].pk).policy == "intelligent"

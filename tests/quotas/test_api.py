@@ -114,7 +114,8 @@ CASES = [
                "guaranteed_disk_gb": 0, "limit_cpu": None, "limit_memory_gb": None,
                "limit_gpu": 2, "limit_disk_gb": None,
                "max_running_jobs": None, "max_queued_jobs": None,
-               "gpu_hours_per_month": None, "budget_action": "refuse"},
+               "gpu_hours_per_month": None, "budget_action": "refuse",
+               "fair_share_weight": 1},
          audit="quota.update"),
 ]  # fmt: skip
 
