@@ -139,13 +139,19 @@ class Client:
         name: str = "",
         overrides: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        include_position: bool = False,
     ) -> Job:
         """Submit from a template (its id, with ``overrides``) or, where the workspace allows
         ad-hoc jobs, from a whole ``spec``. Sending the same ``idempotency_key`` again returns
-        the first job instead of a second one."""
+        the first job instead of a second one. The answer's ``queue`` (place in the queue,
+        predicted start) is null unless ``include_position``: the service reads the queue to
+        work it out, which a submission does not pay for unless asked."""
         body = _submission(template, spec, name, overrides)
         path = self._ws_path("jobs/")
-        return cast(Job, self._create(path, json=body, idempotency_key=idempotency_key))
+        params = {"include": "position"} if include_position else None
+        return cast(
+            Job, self._create(path, json=body, params=params, idempotency_key=idempotency_key)
+        )
 
     def dry_run_job(
         self,
