@@ -9,6 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from config.filters import UtcDateTimeFilter
+from config.pagination import CursorPagination
 from config.throttles import SubmitUserThrottle, SubmitWorkspaceThrottle, ThrottledViewMixin
 from jobs import launch_requests, prediction, selectors, services
 from jobs import logs as driver_logs
@@ -136,6 +137,7 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
     not_found_message = "No such job."
     serializer_class = s.JobOutput
     filterset_class = JobFilter
+    pagination_class = CursorPagination  # the jobs and a job's events: long lists
     throttle_map = {"create": [SubmitUserThrottle, SubmitWorkspaceThrottle]}
     permission_map = {
         "list": roles.WS_VIEW,
