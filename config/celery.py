@@ -43,6 +43,24 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+# --- database connections -----------------------------------------------------------------
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _close_old_connections(task=None, **_kwargs) -> None:
+    """What Django does at a request's start and end, at a task's: close a connection that is
+    older than CONN_MAX_AGE or unusable, and have the next query check the one kept (its
+    health check). Celery's own fix-up, which would close every connection here, waits for
+    CELERY_DB_REUSE_MAX tasks (config/settings.py). An eager task runs inside its caller's
+    request, transaction included: its connection is the caller's to manage."""
+    if task is not None and getattr(task.request, "is_eager", False):
+        return
+    from django.db import close_old_connections
+
+    close_old_connections()
+
+
 # --- metrics (config/worker_metrics.py imports prometheus_client: only when a task runs) ----
 
 

@@ -93,9 +93,14 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
-DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=0))
-# A persistent connection (CONN_MAX_AGE > 0) that the database dropped (a restart, a terminated
-# backend) is found dead at the next request's first query and replaced, instead of failing it.
+# Persistent connections: a request (or a worker's task) reuses its process's connection for
+# this many seconds instead of opening one each time (a few ms and a backend fork on PostgreSQL);
+# 0 closes it after every request. CONN_MAX_AGE is the older name of the same setting.
+DATABASES["default"].setdefault(
+    "CONN_MAX_AGE", env.int("MANTA_DB_CONN_MAX_AGE", default=env.int("CONN_MAX_AGE", default=60))
+)
+# A persistent connection that the database dropped (a restart, a terminated backend) is found
+# dead at the next request's first query and replaced, instead of failing it.
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -269,6 +274,11 @@ CELERY_BROKER_CONNECTION_RETRY = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_BROKER_CHANNEL_ERROR_RETRY = True
 CELERY_TASK_IGNORE_RESULT = True
+# Celery's Django fix-up closes every database connection before and after every task, which
+# makes CONN_MAX_AGE moot in a worker (a new connection per task). Past this many tasks it
+# closes them; until then config/celery.py closes them as Django does after a request: when
+# older than CONN_MAX_AGE, or broken.
+CELERY_DB_REUSE_MAX = 1_000_000
 CELERY_BEAT_SCHEDULE = {
     "sweep": {
         "task": "manta.jobs.sweep",

@@ -429,9 +429,10 @@ def check_submission(
         if over and ws_q.budget_action == "refuse":
             raise BudgetExhausted(over, errors={"requested.gpu": [over]})
     if ws_q.max_queued_jobs is not None:
+        # Counted only as far as the limit: a submission costs the same however long the queue.
         waiting = Job.objects.filter(
             workspace=workspace, state__in=[JobState.PENDING_APPROVAL, JobState.QUEUED]
-        ).count()
+        )[: ws_q.max_queued_jobs].count()
         if waiting >= ws_q.max_queued_jobs:
             raise QueueFull(
                 f"the workspace already has {waiting} waiting jobs (max_queued_jobs "

@@ -92,13 +92,28 @@ def targets_host(workspace: Workspace) -> bool:
     return workspace.pk in workspaces_on_host(workspace.organization_id)
 
 
+# The alias under which a submission reads the workspace's compute target with the workspace
+# (jobs.selectors.submission_workspaces): a FilteredRelation, as a workspace names its target.
+# Django sets no attribute when the join finds no row, so a second one says it was read.
+TARGET_JOIN = "joined_compute_target"
+TARGET_READ = "compute_target_joined"
+
+
+def compute_target_of(workspace: Workspace) -> ComputeTarget | None:
+    """The compute target the workspace names (None: no such row, as for the built-in
+    ``local``): the one read with the workspace when it was, else read now."""
+    if getattr(workspace, TARGET_READ, False):
+        return getattr(workspace, TARGET_JOIN, None)
+    return ComputeTarget.objects.filter(
+        organization_id=workspace.organization_id, name=workspace.compute_target
+    ).first()
+
+
 def local_target_config(workspace: Workspace) -> dict[str, Any] | None:
     """The config of the workspace's compute target when it is this host (``{}`` for the
     built-in one), None when its jobs launch elsewhere: the same rule as
     :func:`workspaces_on_host`, for one workspace."""
-    target = ComputeTarget.objects.filter(
-        organization_id=workspace.organization_id, name=workspace.compute_target
-    ).first()
+    target = compute_target_of(workspace)
     if target is None:
         return {} if workspace.compute_target == ComputeTargetKind.LOCAL else None
     return dict(target.config) if target.kind == ComputeTargetKind.LOCAL else None

@@ -1,10 +1,14 @@
 """Reads of templates and jobs, scoped to one workspace (the tenant view resolved it)."""
 
-from django.db.models import QuerySet
+from django.db.models import F, FilteredRelation, Q, QuerySet, Value
 
 from packages.models import CodePackage
 
+from .local_host import TARGET_JOIN, TARGET_READ
 from .models import TERMINAL_STATES, Job, JobEvent, JobTemplate, JobTemplateVersion
+
+# The alias under which a template is read with its latest version (templates_with_latest).
+LATEST_JOIN = "joined_latest_version"
 
 
 def templates_of(workspace, *, include_archived: bool = False) -> QuerySet[JobTemplate]:
@@ -12,6 +16,26 @@ def templates_of(workspace, *, include_archived: bool = False) -> QuerySet[JobTe
     if not include_archived:
         qs = qs.filter(archived_at__isnull=True)
     return qs.order_by("id")
+
+
+def templates_with_latest(workspace) -> QuerySet[JobTemplate]:
+    """The workspace's templates, each read with its latest version in the same statement
+    (``services.latest_version`` finds it there): what a submission needs of a template."""
+    latest = FilteredRelation("versions", condition=Q(versions__version=F("latest_version")))
+    return templates_of(workspace).annotate(**{LATEST_JOIN: latest}).select_related(LATEST_JOIN)
+
+
+def submission_workspaces(queryset):
+    """``queryset`` (of workspaces) with what a submission checks read in the same statement:
+    the organisation's and the workspace's quotas and the compute target the workspace names.
+    The services use these rows when they came with the workspace, and read them otherwise."""
+    target = FilteredRelation(
+        "organization__compute_targets",
+        condition=Q(organization__compute_targets__name=F("compute_target")),
+    )
+    return queryset.annotate(**{TARGET_JOIN: target, TARGET_READ: Value(True)}).select_related(
+        "quota", "organization__quota", TARGET_JOIN
+    )
 
 
 def template_versions(template: JobTemplate) -> QuerySet[JobTemplateVersion]:

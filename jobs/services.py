@@ -17,13 +17,14 @@ from packages.services import package_require
 from packages.services import sha_of as package_sha
 from packages.sources import source_require
 from workspaces.archive import require_active
-from workspaces.models import ApprovalPolicy, ComputeTarget, ComputeTargetKind, Workspace
+from workspaces.models import ApprovalPolicy, ComputeTargetKind, Workspace
 
 from . import spec as job_spec
 from .admission import check_submission
 from .local_host import capacity as host_capacity
-from .local_host import local_target_config, sandbox_footprint
+from .local_host import compute_target_of, local_target_config, sandbox_footprint
 from .models import Job, JobState, JobTemplate, JobTemplateVersion
+from .selectors import LATEST_JOIN
 from .state import record_event, run_state_hooks, transition
 
 
@@ -194,6 +195,16 @@ def template_archive(*, actor: Actor, template: JobTemplate) -> JobTemplate:
 # --- jobs --------------------------------------------------------------------------------------
 
 
+def latest_version(template: JobTemplate) -> JobTemplateVersion:
+    """The template's latest version: the one read with it (``selectors.templates_with_latest``)
+    when it was, else read now."""
+    version = getattr(template, LATEST_JOIN, None)
+    if version is None or version.version != template.latest_version:
+        version = template.versions.get(version=template.latest_version)
+    version.template = template
+    return version
+
+
 def resolve_spec(version: JobTemplateVersion, overrides: dict[str, Any], organization) -> dict:
     """The template version's spec with the submitter's overrides, validated as a whole."""
     if not isinstance(overrides, dict):
@@ -237,9 +248,7 @@ def check_code(workspace: Workspace, spec: dict) -> None:
     if not (code or package_sha(working_dir)):
         return
     field = "code" if code else "runtime_env.working_dir"
-    target = ComputeTarget.objects.filter(
-        organization_id=workspace.organization_id, name=workspace.compute_target
-    ).first()
+    target = compute_target_of(workspace)
     if (
         target is not None
         and target.kind == ComputeTargetKind.KUBERAY
@@ -297,7 +306,7 @@ def job_prepare(
     else:
         if template.archived_at is not None:
             raise InvalidInput.on("template", "the template is archived")
-        version = template.versions.get(version=template.latest_version)
+        version = latest_version(template)
         spec = resolve_spec(version, overrides, workspace.organization)
         name = name or template.name
     check_code(workspace, spec)
@@ -345,9 +354,8 @@ def job_submit(
         name=name,
         overrides=overrides,
     )
-    job.save(force_insert=True)
+    job.save(force_insert=True)  # its workspace, organisation and submitter are at hand: no re-read
     version, reason = job.template_version, job.approval_reason
-    job = Job.objects.select_related("workspace", "organization", "submitted_by").get(pk=job.pk)
     record_event(
         job,
         from_state="",

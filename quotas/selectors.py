@@ -29,18 +29,27 @@ def _usage(totals: dict) -> Usage:
     return Usage(**{name: totals[name] or 0 for name in RESOURCES}, running=totals["jobs"])
 
 
+def _joined(instance, quota_model, field: str):
+    """The quota row a ``select_related("quota")`` read with ``instance`` (None: it has none),
+    or ``...`` when it was not: then the caller reads it (nothing else caches it)."""
+    relation = quota_model._meta.get_field(field).remote_field
+    if not relation.is_cached(instance):
+        return ...
+    return relation.get_cached_value(instance)
+
+
 def org_quota(organization) -> OrgQuota:
     """The organisation's quota (unsaved and unlimited when none was set)."""
-    return OrgQuota.objects.filter(organization=organization).first() or OrgQuota(
-        organization=organization
-    )
+    joined = _joined(organization, OrgQuota, "organization")
+    found = OrgQuota.objects.filter(organization=organization).first() if joined is ... else joined
+    return found or OrgQuota(organization=organization)
 
 
 def workspace_quota(workspace) -> WorkspaceQuota:
     """The workspace's quota (unsaved and unlimited when none was set)."""
-    return WorkspaceQuota.objects.filter(workspace=workspace).first() or WorkspaceQuota(
-        workspace=workspace
-    )
+    joined = _joined(workspace, WorkspaceQuota, "workspace")
+    found = WorkspaceQuota.objects.filter(workspace=workspace).first() if joined is ... else joined
+    return found or WorkspaceQuota(workspace=workspace)
 
 
 def active_reservations():

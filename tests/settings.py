@@ -28,6 +28,9 @@ from config.settings import DATABASES
 # the database between transactional tests, so its connections turn it on. Tests that prove the
 # trigger open a plain connection without it.
 DATABASES["default"].setdefault("OPTIONS", {})["options"] = "-c manta.audit_maintenance=on"
+# A connection per request, as before persistent connections were the default: tests flush and
+# reconnect between themselves (tests/test_db_connections.py covers persistence).
+DATABASES["default"]["CONN_MAX_AGE"] = 0
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast, tests only
 SECRET_KEY = "tests"
 

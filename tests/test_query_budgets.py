@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from audit.context import Actor
 from jobs.models import Job, JobState, JobTemplate
 from notifications.models import WebhookEndpoint
+from quotas.models import WorkspaceQuota
 from tests import factories as f
 from tests import test_strict_input as strict_input
 
@@ -162,3 +163,59 @@ def test_a_list_runs_a_fixed_number_of_queries_within_its_budget(world, ids, ope
     assert shown_after == shown + MORE, f"{operation} does not show the rows made for it"
     assert many == few, f"{operation}: {few} queries for {shown} rows, {many} for {shown_after}"
     assert many <= budget.queries, f"{operation}: {many} queries, budget {budget.queries}"
+
+
+# A submission (POST …/jobs/) by a developer: the token, the org membership, the workspace with
+# its quotas and compute target (one statement), the permissions held there; the template with
+# its latest version; the job, its timeline entry, the audit chain's four (head lock, the hash's
+# canonical JSON, the event, the new head) and the outbox. The test database wraps the
+# submission's transaction in a savepoint and its release: 2 more here.
+SUBMIT_STATEMENTS = 12 + 2
+QUEUED = 3000
+
+
+def queued_in_bulk(world, template, n: int) -> None:
+    """``n`` queued jobs of the template, inserted in one go."""
+    one = f.JobFactory.build(
+        workspace=world.ws,
+        template_version=template.versions.get(),
+        submitted_by=world.users["developer2"],
+    )
+    fields = [field.attname for field in Job._meta.concrete_fields if not field.primary_key]
+    rows = (Job(**{name: getattr(one, name) for name in fields}) for _ in range(n))
+    Job.objects.bulk_create(rows, batch_size=1000)
+
+
+def submission_statements(client, template) -> list[str]:
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.post(
+            "/api/v1/orgs/acme/workspaces/ml/jobs/", {"template": template.pk}, format="json"
+        )
+    assert response.status_code == 201, response.content
+    return [query["sql"] for query in ctx.captured_queries]
+
+
+def reads_jobs(statements: list[str]) -> list[str]:
+    return [sql for sql in statements if sql.startswith("SELECT") and '"jobs_job"' in sql]
+
+
+def test_a_submission_runs_a_fixed_number_of_statements_whatever_the_queue(world, template):
+    client = world.client("developer")
+    submission_statements(client, template)  # the token's last-used write: not counted below
+    empty = submission_statements(client, template)
+    queued_in_bulk(world, template, QUEUED)
+    full = submission_statements(client, template)
+    assert len(full) == len(empty) <= SUBMIT_STATEMENTS, "\n".join(full)
+    assert reads_jobs(full) == [], "a submission reads no jobs: no count, no replay"
+
+
+def test_the_queue_limit_counts_no_further_than_the_limit(world, template):
+    WorkspaceQuota.objects.create(workspace=world.ws, max_queued_jobs=QUEUED + 10)
+    client = world.client("developer")
+    submission_statements(client, template)
+    empty = submission_statements(client, template)
+    queued_in_bulk(world, template, QUEUED)
+    full = submission_statements(client, template)
+    assert len(full) == len(empty) <= SUBMIT_STATEMENTS + 1
+    (count,) = reads_jobs(full)
+    assert f"LIMIT {QUEUED + 10}" in count  # bounded by the limit, not by the queue

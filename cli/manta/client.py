@@ -139,13 +139,19 @@ class Client:
         name: str = "",
         overrides: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        include_position: bool = False,
     ) -> Job:
         """Submit from a template (its id, with ``overrides``) or, where the workspace allows
         ad-hoc jobs, from a whole ``spec``. Sending the same ``idempotency_key`` again returns
-        the first job instead of a second one."""
+        the first job instead of a second one. The answer's ``queue`` (place in the queue,
+        predicted start) is null unless ``include_position``: the service reads the queue to
+        work it out, which a submission does not pay for unless asked."""
         body = _submission(template, spec, name, overrides)
         path = self._ws_path("jobs/")
-        return cast(Job, self._create(path, json=body, idempotency_key=idempotency_key))
+        params = {"include": "position"} if include_position else None
+        return cast(
+            Job, self._create(path, json=body, params=params, idempotency_key=idempotency_key)
+        )
 
     def dry_run_job(
         self,
@@ -264,10 +270,14 @@ class Client:
     def _pages(
         self, path: str, params: Mapping[str, Any] | None = None, *, limit: int | None = None
     ) -> Iterator[JsonDict]:
-        page, returned = 1, 0
+        """Every row of a list, page by page. A list that hands out cursors (jobs, a job's
+        events) is followed by cursor after its first page: each page then costs the service
+        what the first did, however deep, and rows added meanwhile are not shown twice."""
+        returned = 0
         page_size = min(limit, MAX_PAGE_SIZE) if limit else MAX_PAGE_SIZE
+        where: dict[str, Any] = {"page": 1}
         while True:
-            body = self._get(path, {**(params or {}), "page": page, "page_size": page_size})
+            body = self._get(path, {**(params or {}), **where, "page_size": page_size})
             if isinstance(body, list):  # an endpoint without pagination
                 yield from body[:limit] if limit else body
                 return
@@ -278,7 +288,11 @@ class Client:
                 yield item
             if not body.get("next") or (limit is not None and returned >= limit):
                 return
-            page += 1
+            link = body.get("next_cursor") or ("cursor" in where and body["next"])
+            if link:
+                where = {"cursor": httpx.URL(link).params["cursor"]}
+            else:
+                where = {"page": where["page"] + 1}
 
     def _request(
         self,

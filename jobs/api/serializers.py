@@ -267,7 +267,9 @@ class JobOutput(serializers.ModelSerializer):
     state = serializers.ChoiceField(choices=JobState.choices)
     attempts = AttemptOutput(many=True, read_only=True)
     queue = serializers.SerializerMethodField(
-        help_text="While queued: position in the organisation's queue and what it waits for"
+        help_text="While queued: position in the organisation's queue, what it waits for and "
+        "the predicted start. A submission's answer has it only with ?include=position (null "
+        "otherwise); the job's detail always has it."
     )
 
     class Meta:
@@ -320,6 +322,7 @@ class JobOutput(serializers.ModelSerializer):
 
 class SubmitQuery(serializers.Serializer):
     dry_run = serializers.BooleanField(required=False, default=False)
+    include = serializers.MultipleChoiceField(choices=["position"], required=False, default=set)
 
 
 class DryRunOutput(serializers.Serializer):

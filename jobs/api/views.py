@@ -1,6 +1,7 @@
 """Template and job endpoints. Views only translate: parse, call one service, render."""
 
 import django_filters
+from django.db.models import Prefetch, prefetch_related_objects
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import exceptions, status
@@ -8,11 +9,12 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from config.filters import UtcDateTimeFilter
+from config.pagination import CursorPagination
 from config.throttles import SubmitUserThrottle, SubmitWorkspaceThrottle, ThrottledViewMixin
 from jobs import launch_requests, prediction, selectors, services
 from jobs import logs as driver_logs
 from jobs.launchers.base import LaunchError
-from jobs.models import Job, JobState, JobTemplate
+from jobs.models import Job, JobAttempt, JobState, JobTemplate
 from jobs.spec import SPEC_FIELDS
 from workspaces import roles
 from workspaces.api.idempotency import IDEMPOTENCY_KEY, idempotent
@@ -135,6 +137,7 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
     not_found_message = "No such job."
     serializer_class = s.JobOutput
     filterset_class = JobFilter
+    pagination_class = CursorPagination  # the jobs and a job's events: long lists
     throttle_map = {"create": [SubmitUserThrottle, SubmitWorkspaceThrottle]}
     permission_map = {
         "list": roles.WS_VIEW,
@@ -150,6 +153,12 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
 
     def base_queryset(self):
         return selectors.jobs_of(self.workspace)
+
+    def workspace_queryset(self):
+        workspaces = super().workspace_queryset()
+        if self.action == "create":  # the quotas and target a submission checks, in one read
+            return selectors.submission_workspaces(workspaces)
+        return workspaces
 
     def _render(self, job: Job) -> dict:
         # Read again through the view's queryset: the output needs its joins.
@@ -179,6 +188,15 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
                 description="A retried POST with the same key returns the same job (200)",
             ),
             OpenApiParameter(
+                "include",
+                str,
+                enum=["position"],
+                description="`position`: also answer the new job's `queue` (its place in the "
+                "organisation's queue, what it waits for, its predicted start), as its detail "
+                "does. Without it `queue` is null: working it out reads the queue, a cost that "
+                "grows with its length, which a submission does not pay unless asked.",
+            ),
+            OpenApiParameter(
                 "dry_run",
                 bool,
                 description="Create nothing: answer (200) whether the job would be admitted "
@@ -193,7 +211,7 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
         if query.validated_data["dry_run"]:
             job = services.job_prepare(actor=self.actor, **self._submission(request))
             return Response(s.DryRunOutput(prediction.dry_run(job)).data)
-        return self._submit(request)
+        return self._submit(request, explain="position" in query.validated_data["include"])
 
     def _submission(self, request) -> dict:
         """The submission's arguments, parsed from the body."""
@@ -202,7 +220,7 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
         values = data.validated_data
         template = None
         if "template" in values:
-            templates = selectors.templates_of(self.workspace)
+            templates = selectors.templates_with_latest(self.workspace)
             template = templates.filter(pk=values["template"]).first()
             if template is None:
                 missing = {"template": ["no such template in this workspace"]}
@@ -216,9 +234,13 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
         }
 
     @idempotent(replay_status=status.HTTP_200_OK)
-    def _submit(self, request):
+    def _submit(self, request, *, explain: bool):
         job = services.job_submit(actor=self.actor, **self._submission(request))
-        return Response(self._render(job), status=status.HTTP_201_CREATED)
+        # Rendered from the rows the submission holds (a new job has no attempts), without
+        # reading it back; its place in the queue only when asked for (a count over the queue).
+        prefetch_related_objects([job], Prefetch("attempts", queryset=JobAttempt.objects.none()))
+        body = s.JobOutput(job, context={"explain": explain}).data
+        return Response(body, status=status.HTTP_201_CREATED)
 
     @extend_schema(operation_id="job_retrieve")
     def retrieve(self, request, org=None, ws=None, pk=None):

@@ -1,5 +1,7 @@
 from django.urls import path
 
+from config.pagination import CursorPagination
+
 from .views import OrgWebhookViewSet, WorkspaceWebhookViewSet
 
 ORG = "orgs/<slug:org>/"
@@ -17,7 +19,11 @@ def routes(prefix: str, viewset) -> list:
         ),
         path(hook + "rotate-secret/", viewset.as_view({"post": "rotate_secret"})),
         path(hook + "ping/", viewset.as_view({"post": "ping"})),
-        path(hook + "deliveries/", viewset.as_view({"get": "deliveries"})),
+        path(
+            hook + "deliveries/",
+            # a long list: cursor pages beside page numbers (config/pagination.py)
+            viewset.as_view({"get": "deliveries"}, pagination_class=CursorPagination),
+        ),
         path(delivery, viewset.as_view({"get": "delivery"})),
         path(delivery + "redeliver/", viewset.as_view({"post": "redeliver"})),
     ]

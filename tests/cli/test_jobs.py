@@ -184,3 +184,21 @@ def test_an_admin_cancels_any_job(manta, live_world, counter):
     assert result.exit_code == 0, result.output
     job.refresh_from_db()
     assert job.state == "cancelled"
+
+
+def test_the_sdk_lists_every_job_once_following_cursors(manta, live_world, counter, monkeypatch):
+    """Past the first page the SDK follows the list's cursor, not page numbers: a job
+    submitted meanwhile does not push one already shown onto the next page again."""
+    from manta import client as sdk
+
+    monkeypatch.setattr(sdk, "MAX_PAGE_SIZE", 2)
+    made = [submit_job(live_world, counter, name=f"j{n}").pk for n in range(5)]
+    client = manta.client("developer")
+    seen, requests = [], []
+    client._http.event_hooks["request"].append(lambda request: requests.append(request.url))
+    for job in client._pages(client._ws_path("jobs/")):
+        seen.append(job["id"])
+        if len(seen) == 1:
+            submit_job(live_world, counter, name="meanwhile")
+    assert seen == sorted(made, reverse=True)
+    assert "page" in requests[0].params and all("cursor" in url.params for url in requests[1:])

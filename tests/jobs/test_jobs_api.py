@@ -248,3 +248,30 @@ def test_admin_panel_approves_through_the_service(world, template):
     assert event.actor_id == world.users["org_admin"].pk
     page = client.get(f"/admin/jobs/job/{job.pk}/change/")
     assert page.status_code == 200 and "approved" in page.content.decode()
+
+
+def test_a_submissions_answer_is_its_detail_without_the_queue_unless_asked(world, template):
+    """The answer is rendered from the rows the submission wrote, not read back: it must say
+    what the job's detail says. Its place in the queue comes only with ?include=position."""
+    client = world.client("developer")
+    answer = client.post(JOBS, {"template": template.pk}, format="json")
+    assert answer.status_code == 201, answer.content
+    submitted = answer.json()
+    detail = client.get(f"{JOBS}{submitted['id']}/").json()
+    assert submitted.pop("queue") is None and detail.pop("queue")["position"] == 1
+    assert submitted == detail
+
+    asked = client.post(f"{JOBS}?include=position", {"template": template.pk}, format="json")
+    assert asked.status_code == 201, asked.content
+    queue = asked.json()["queue"]
+    assert (queue["position"], queue["queued"]) == (2, 2) and "predicted_start" in queue
+
+
+def test_an_unknown_include_is_refused_naming_it(world, template):
+    before = Job.objects.count()
+    response = world.client("developer").post(
+        f"{JOBS}?include=everything", {"template": template.pk}, format="json"
+    )
+    assert response.status_code == 400
+    assert "include" in response.json()["errors"]
+    assert Job.objects.count() == before

@@ -19,6 +19,7 @@ from audit.models import AuditEvent
 from audit.selectors import audit_events_for_org
 from config.errors import InvalidInput
 from config.filters import UtcDateTimeFilter
+from config.pagination import CursorPagination
 from workspaces import roles
 from workspaces.api.tenancy import TenantViewSet
 
@@ -83,6 +84,7 @@ class AuditEventViewSet(TenantViewSet):
     queryset = AuditEvent.objects.none()
     organization_field = "organization"
     filterset_class = AuditEventFilter
+    pagination_class = CursorPagination  # a long list, read deep by exports and SIEMs
     permission_map = {"list": roles.ORG_VIEW_AUDIT, "verify": roles.ORG_VIEW_AUDIT,
                       "export": roles.ORG_VIEW_AUDIT}  # fmt: skip
 

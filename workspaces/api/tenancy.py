@@ -181,10 +181,15 @@ class WorkspaceViewSetMixin(TenantViewSetMixin):
     workspace: Workspace
     ws_perms: frozenset[str]
 
+    def workspace_queryset(self) -> QuerySet[Workspace]:
+        """Where the URL's workspace is read from, before the tenant filter: a view whose action
+        needs rows hanging off the workspace may join them here, in the same statement."""
+        return Workspace.objects.select_related("organization")
+
     def resolve_tenant(self, request, kwargs: dict[str, Any]) -> None:
         super().resolve_tenant(request, kwargs)
         workspace = (
-            Workspace.objects.select_related("organization")
+            self.workspace_queryset()
             .filter(organization=self.organization, slug=kwargs["ws"])
             .first()
         )

@@ -118,7 +118,12 @@ def submit(
             answer = client.dry_run_job(**submission, name=name or "")
             output.show_dry_run(answer, as_json=state.as_json)
             return
-        job = client.submit_job(**submission, name=name or "", idempotency_key=_key())
+        job = client.submit_job(
+            **submission,
+            name=name or "",
+            idempotency_key=_key(),
+            include_position=not follow_job,  # shown below; following reads the job's detail
+        )
         if not follow_job:
             output.show_job(job, as_json=state.as_json, submitted=True)
             return
