@@ -16,16 +16,17 @@ Both the writer and verify take a fast road to form 2 where it provably gives th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
 import json
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
 import rfc8785
+from django.db import transaction
 
 from .models import GENESIS_HASH, HASH_V1_JSON_DUMPS, HASH_V2_RFC8785, AuditChainHead, AuditEvent
 
@@ -35,6 +36,7 @@ HASHED_FIELDS = (
     "changes", "metadata", "request_id", "ip", "user_agent",
 )  # fmt: skip
 
+_CHANGES, _METADATA = HASHED_FIELDS.index("changes"), HASHED_FIELDS.index("metadata")
 SAFE_INTEGER = 2**53 - 1  # RFC 8785 numbers are IEEE doubles (I-JSON)
 
 
@@ -105,30 +107,75 @@ def _jcs_key(key: str) -> str:
 
 # --- the fast road to version 2 -----------------------------------------------------------------
 
-# Where Python's own compact, sorted ``json.dumps`` prints a value exactly as RFC 8785 does: no
-# float (RFC 8785 prints them the ECMAScript way), no integer of 16 digits or more (beyond 2**53
-# they take a tag), no key that starts with ``$`` (it takes one more), and no character from
-# U+D800 up (lone surrogates take a tag, and from there UTF-16 orders keys unlike code points).
-# Strings are escaped alike: only ``"``, ``\`` and the controls, in the same spellings. Each
-# test is conservative (a string of 16 digits takes the slow road too); the slow road is exact.
-_LONG_NUMBER = re.compile(r"\d{16}")
+# Where Python's own compact, sorted JSON prints a payload exactly as RFC 8785 does: every number
+# an integer of at most 15 digits (RFC 8785 prints floats the ECMAScript way, and integers
+# beyond 2**53 take a tag), no key that starts with ``$`` (it takes one more), and no character
+# from U+D800 up (lone surrogates take a tag, and from there UTF-16 orders keys unlike code
+# points). Strings are escaped alike: only ``"``, ``\`` and the controls, in the same spellings
+# (tests/audit/test_canonical.py holds the two to it). Each test is conservative: a string
+# holding ``"$`` takes the slow road too, which is exact.
+_string = json.encoder.encode_basestring  # type: ignore[attr-defined]  # the C escaper
+# Python's C encoder, made once (json.dumps makes one per call): sorted keys, compact.
+_compact_chunks = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+    None, None, _string, None, ":", ",", True, False, False
+)
+_LONGEST_PLAIN = 10**15
 
 
 def _plain(text: str) -> bool:
+    return '"$' not in text and (text.isascii() or max(text) < "\ud800")
+
+
+def _integer(value: int | None) -> str:
+    if value is None:
+        return "null"
+    if -_LONGEST_PLAIN < value < _LONGEST_PLAIN:
+        return str(value)
+    raise OverflowError
+
+
+def _json(value: Any) -> str:
+    return "{}" if value == {} else "".join(_compact_chunks(value, 0))
+
+
+def _fast_v2(
+    chain: str, seq: int, occurred_at: str, organization_id: int | None,
+    workspace_id: int | None, actor_type: str, actor_id: int | None,
+    actor_token_id: int | None, actor_label: str, action: str, target_type: str,
+    target_id: str, target_repr: str, changes: Any, metadata: Any, request_id: str,
+    ip: str | None, user_agent: str, hash_version: int,
+) -> str:  # fmt: skip
+    """The version 2 form by string formatting, keys in their sorted order; the arguments are
+    :data:`HASHED_FIELDS` and the version."""
     return (
-        '"$' not in text
-        and (text.isascii() or max(text) < "\ud800")
-        and _LONG_NUMBER.search(text) is None
+        f'{{"action":{_string(action)},"actor_id":{_integer(actor_id)},'
+        f'"actor_label":{_string(actor_label)},"actor_token_id":{_integer(actor_token_id)},'
+        f'"actor_type":{_string(actor_type)},"chain":{_string(chain)},'
+        f'"changes":{_json(changes)},"hash_version":{_integer(hash_version)},'
+        f'"ip":{"null" if ip is None else _string(ip)},"metadata":{_json(metadata)},'
+        f'"occurred_at":{_string(occurred_at)},"organization_id":{_integer(organization_id)},'
+        f'"request_id":{_string(request_id)},"seq":{_integer(seq)},'
+        f'"target_id":{_string(target_id)},"target_repr":{_string(target_repr)},'
+        f'"target_type":{_string(target_type)},"user_agent":{_string(user_agent)},'
+        f'"workspace_id":{_integer(workspace_id)}}}'
     )
 
 
-def canonical_v2(payload: dict[str, Any], *, has_float: bool) -> bytes:
-    """RFC 8785 of ``jcs_input(payload)``: the bytes version 2 hashes after ``prev_hash``.
-    ``has_float`` says whether a float may hide in the payload's JSON values."""
-    if not has_float:
-        text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        if _plain(text):
-            return text.encode()
+def canonical_v2(values: Sequence[Any], *, plain_numbers: bool) -> bytes:
+    """RFC 8785 of ``jcs_input`` of the payload: the bytes version 2 hashes after ``prev_hash``.
+    ``values`` are those of :data:`HASHED_FIELDS` in order (``occurred_at`` as
+    :func:`occurred_text`), then the hash version; ``plain_numbers`` says that every number in
+    the JSON values is an integer of at most 15 digits (:class:`JSONReader` knows)."""
+    if plain_numbers:
+        try:
+            text = _fast_v2(*values)
+        except (OverflowError, TypeError):  # a long or odd value: the slow road
+            pass
+        else:
+            if _plain(text):
+                return text.encode()
+    payload = dict(zip(HASHED_FIELDS, values, strict=False))
+    payload["hash_version"] = values[len(HASHED_FIELDS)]
     return rfc8785.dumps(jcs_input(payload))
 
 
@@ -143,34 +190,49 @@ def _numeric(text: str) -> int | float:
 
 
 class JSONReader:
-    """Decodes stored JSON text and remembers whether any number in it was not an integer
-    literal, which is what :func:`canonical_v2` needs to know. ``numeric=True`` decodes as
-    PostgreSQL's jsonb would store the text (the writer's prediction); ``False`` as Django reads
-    stored text back (``json.loads``)."""
+    """Decodes stored JSON text, and notes in ``plain_numbers`` whether every number it read
+    was an integer of at most 15 digits, which is what :func:`canonical_v2` needs to know.
+    ``numeric=True`` decodes as PostgreSQL's jsonb would store the text (the writer's
+    prediction); ``False`` as Django reads stored text back (``json.loads``)."""
 
     def __init__(self, *, numeric: bool = False) -> None:
-        self.saw_float = False
+        self.plain_numbers = True
         convert: Callable[[str], Any] = _numeric if numeric else float
 
         def parse_float(text: str) -> Any:
-            self.saw_float = True
+            self.plain_numbers = False
             return convert(text)
 
-        self._decode = json.JSONDecoder(parse_float=parse_float).decode
+        def parse_int(text: str) -> int:
+            if len(text) > 15:
+                self.plain_numbers = False
+            return int(text)
+
+        self._scan = json.JSONDecoder(parse_float=parse_float, parse_int=parse_int).scan_once
 
     def read(self, text: str) -> Any:
-        return {} if text == "{}" else self._decode(text)
+        """The value of ``text``, a JSON document as json.dumps or jsonb prints it (no
+        surrounding white space)."""
+        if text == "{}":
+            return {}
+        try:
+            value, end = self._scan(text, 0)
+        except StopIteration as exc:
+            raise ValueError(f"not JSON: {text[:40]!r}") from exc
+        if end != len(text):
+            raise ValueError(f"not JSON: {text[:40]!r}")
+        return value
 
 
 def stored_json(values: Any, *, numeric: bool) -> tuple[Any, bool]:
-    """``values`` as the database will give them back once stored, and whether they may hold a
-    float. Datetimes, decimals and UUIDs become strings first, as they always have
-    (``default=str``); NaN and infinities, which no JSON column stores, are refused here. On
-    PostgreSQL (``numeric``) the numbers take jsonb's form (:func:`_numeric`); other databases
-    store the JSON text itself."""
+    """``values`` as the database will give them back once stored, and whether all their
+    numbers are plain (:class:`JSONReader`). Datetimes, decimals and UUIDs become strings
+    first, as they always have (``default=str``); NaN and infinities, which no JSON column
+    stores, are refused here. On PostgreSQL (``numeric``) the numbers take jsonb's form
+    (:func:`_numeric`); other databases store the JSON text itself."""
     text = json.dumps(values, default=str, allow_nan=False, ensure_ascii=False)
     reader = JSONReader(numeric=numeric)
-    return reader.read(text), reader.saw_float
+    return reader.read(text), reader.plain_numbers
 
 
 def occurred_text(occurred_at: datetime.datetime) -> str:
@@ -185,26 +247,36 @@ def event_payload(event: AuditEvent) -> dict[str, Any]:
 
 def event_hash(prev_hash: str, event: AuditEvent) -> str:
     """The event's hash in its own ``hash_version``; ValueError for a version this code lacks."""
-    payload = event_payload(event)
-    if event.hash_version == HASH_V2_RFC8785:
-        payload["hash_version"] = HASH_V2_RFC8785
-        data = prev_hash.encode() + canonical_v2(payload, has_float=True)
-    elif event.hash_version == HASH_V1_JSON_DUMPS:
-        data = (prev_hash + canonical_json(payload)).encode()
-    else:
-        raise ValueError(f"unknown hash version {event.hash_version}")
-    return hashlib.sha256(data).hexdigest()
+    values = [*event_payload(event).values(), event.hash_version]
+    return hashlib.sha256(prev_hash.encode() + hash_input(values, None)).hexdigest()
+
+
+def hash_input(values: Sequence[Any], reader: JSONReader | None) -> bytes:
+    """What an event's hash covers after its ``prev_hash``, in its own version: ``values`` are
+    those of :data:`HASHED_FIELDS` in order, then the version. With a ``reader``, ``changes``
+    and ``metadata`` are the stored JSON text it decodes; without, the decoded values, whose
+    numbers are then not known to be plain."""
+    values = list(values)
+    version = values[-1]
+    plain_numbers = False
+    if reader is not None and isinstance(values[_CHANGES], str):
+        reader.plain_numbers = True
+        values[_CHANGES] = reader.read(values[_CHANGES])
+        values[_METADATA] = reader.read(values[_METADATA])
+        plain_numbers = reader.plain_numbers
+    if version == HASH_V2_RFC8785:
+        return canonical_v2(values, plain_numbers=plain_numbers)
+    if version == HASH_V1_JSON_DUMPS:
+        return canonical_json(dict(zip(HASHED_FIELDS, values, strict=False))).encode()
+    raise ValueError(f"unknown hash version {version}")
 
 
 # --- verify -------------------------------------------------------------------------------------
 
-# What verify reads of each event: the hashed fields in their stored form (jsonb as its text,
-# inet as its text), then the links.
-_COLUMNS = (
-    "id", "seq", "occurred_at", "organization_id", "workspace_id", "actor_type", "actor_id",
-    "actor_token_id", "actor_label", "action", "target_type", "target_id", "target_repr",
-    "changes", "metadata", "request_id", "ip", "user_agent", "prev_hash", "hash", "hash_version",
-)  # fmt: skip
+# What verify reads of each event: its id and links, then the hashed fields but the chain in
+# their stored form (jsonb as its text, inet as its text) and the hash version.
+_COLUMNS = ("id", "prev_hash", "hash", *HASHED_FIELDS[1:], "hash_version")
+_OCCURRED_AT = _COLUMNS.index("occurred_at")
 CHUNK_SIZE = 5000
 MAX_PASSES = 10  # after as many, events still being appended are left for the next run
 
@@ -228,24 +300,38 @@ class VerifyResult:
 
 def _stream(chain: str, from_seq: int) -> Iterable[tuple]:
     """The chain's events from ``from_seq`` on, in order, as tuples of :data:`_COLUMNS`, read
-    through a server-side cursor (on PostgreSQL) so memory stays flat whatever the length."""
+    through a server-side cursor (on PostgreSQL) so memory stays flat whatever the length.
+    ``occurred_at`` comes as the text its hash covers (:func:`occurred_text`): PostgreSQL
+    prints it, which is cheaper than a datetime made and printed per event."""
     from django.db import connection
-    from django.utils.dateparse import parse_datetime
 
     quote = connection.ops.quote_name
+    columns = [quote(c) for c in _COLUMNS]
+    postgresql = connection.vendor == "postgresql"
+    if postgresql:
+        columns[_OCCURRED_AT] = (
+            """to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')"""
+        )
     sql = (
-        f"SELECT {', '.join(quote(c) for c in _COLUMNS)} FROM {quote(AuditEvent._meta.db_table)}"
+        f"SELECT {', '.join(columns)} FROM {quote(AuditEvent._meta.db_table)}"
         " WHERE chain = %s AND seq >= %s ORDER BY seq"
     )
     with connection.chunked_cursor() as cursor:
         cursor.execute(sql, [chain, from_seq])
         while rows := cursor.fetchmany(CHUNK_SIZE):
-            if rows and isinstance(rows[0][2], str):  # SQLite hands datetimes back as text
-                rows = [
-                    (r[0], r[1], parse_datetime(r[2]).replace(tzinfo=datetime.UTC), *r[3:])
-                    for r in rows
-                ]
+            if not postgresql:  # SQLite holds a datetime as its own text
+                at = _OCCURRED_AT
+                rows = [(*r[:at], occurred_text(_from_sqlite(r[at])), *r[at + 1 :]) for r in rows]
             yield from rows
+
+
+def _from_sqlite(value: str) -> datetime.datetime:
+    from django.utils.dateparse import parse_datetime
+
+    parsed = parse_datetime(value)
+    if parsed is None:
+        raise ValueError(f"not a datetime: {value!r}")
+    return parsed.replace(tzinfo=datetime.UTC)
 
 
 def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
@@ -283,55 +369,39 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
                 return
         appending = True
 
-    read = (reader := JSONReader()).read
+    reader = JSONReader()
     sha256 = hashlib.sha256
-    for row in rows():
-        (pk, seq, occurred_at, organization_id, workspace_id, actor_type, actor_id,
-         actor_token_id, actor_label, action, target_type, target_id, target_repr, changes,
-         metadata, request_id, ip, user_agent, link, stored_hash, version) = row  # fmt: skip
-        problem = None
-        if seq != expected_seq:
-            problem = f"sequence gap: expected seq {expected_seq}, found {seq}"
-        elif seq == result.since_seq:
-            pass  # the checkpoint vouches for this event and all before it (checked below)
-        elif link != prev_hash:
-            problem = "prev_hash does not match the previous event's hash"
-        else:
-            reader.saw_float = False
-            try:
-                payload = {
-                    "chain": chain, "seq": seq, "occurred_at": occurred_text(occurred_at),
-                    "organization_id": organization_id, "workspace_id": workspace_id,
-                    "actor_type": actor_type, "actor_id": actor_id,
-                    "actor_token_id": actor_token_id, "actor_label": actor_label,
-                    "action": action, "target_type": target_type, "target_id": target_id,
-                    "target_repr": target_repr, "changes": read(changes),
-                    "metadata": read(metadata), "request_id": request_id, "ip": ip,
-                    "user_agent": user_agent,
-                }  # fmt: skip
-                if version == HASH_V2_RFC8785:
-                    payload["hash_version"] = HASH_V2_RFC8785
-                    data = link.encode() + canonical_v2(payload, has_float=reader.saw_float)
-                elif version == HASH_V1_JSON_DUMPS:
-                    data = (link + canonical_json(payload)).encode()
-                else:
-                    raise ValueError(f"unknown hash version {version}")
-            except (ValueError, TypeError) as exc:  # content no version can hash
-                problem = f"cannot recompute the hash: {exc}"
+    # Not WITH HOLD (Django's choice outside a transaction), which would copy every row out
+    # before the first is read.
+    with transaction.atomic(), contextlib.closing(rows()) as stream:
+        for row in stream:
+            pk, link, stored_hash, seq = row[0], row[1], row[2], row[3]
+            problem = None
+            if seq != expected_seq:
+                problem = f"sequence gap: expected seq {expected_seq}, found {seq}"
+            elif seq == result.since_seq:
+                pass  # the checkpoint vouches for this event and all before it (checked below)
+            elif link != prev_hash:
+                problem = "prev_hash does not match the previous event's hash"
             else:
-                if sha256(data).hexdigest() != stored_hash:
-                    problem = "stored hash does not match the event's content"
+                try:
+                    data = link.encode() + hash_input((chain, *row[3:]), reader)
+                except (ValueError, TypeError) as exc:  # content no version can hash
+                    problem = f"cannot recompute the hash: {exc}"
                 else:
-                    result.checked += 1
-        if problem is None and (signed := checkpoints.get(seq)) is not None:
-            if (signed.head_hash, signed.last_event_id) != (stored_hash, pk):
-                problem = f"the event no longer has the hash checkpoint #{signed.pk} signed"
-            else:
-                result.checkpoints += 1
-        if problem:
-            return _broken(result, pk, seq, action, problem)
-        prev_hash, expected_seq = stored_hash, expected_seq + 1
-        result.count, result.last_event_id, result.head_hash = seq, pk, stored_hash
+                    if sha256(data).hexdigest() != stored_hash:
+                        problem = "stored hash does not match the event's content"
+                    else:
+                        result.checked += 1
+            if problem is None and (signed := checkpoints.get(seq)) is not None:
+                if (signed.head_hash, signed.last_event_id) != (stored_hash, pk):
+                    problem = f"the event no longer has the hash checkpoint #{signed.pk} signed"
+                else:
+                    result.checkpoints += 1
+            if problem:
+                return _broken(result, pk, seq, row[_COLUMNS.index("action")], problem)
+            prev_hash, expected_seq = stored_hash, expected_seq + 1
+            result.count, result.last_event_id, result.head_hash = seq, pk, stored_hash
 
     if since_checkpoint and checkpoints and result.count < result.since_seq:
         return _broken(result, None, result.since_seq, None, "the checkpoint's event is missing")

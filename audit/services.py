@@ -145,7 +145,7 @@ def record_many(
     now = timezone.now()
     # Hash what the database will hand back to verify: the JSON columns as stored, the address
     # as the inet column prints it.
-    stored, has_float = stored_json(
+    stored, plain_numbers = stored_json(
         [[e.get("changes") or {}, e.get("metadata") or {}] for e in entries],
         numeric=connection.vendor == "postgresql",
     )
@@ -178,9 +178,8 @@ def record_many(
             user_agent=ctx.user_agent,
             hash_version=HASH_VERSION,
         )
-        payload = event_payload(event)
-        payload["hash_version"] = HASH_VERSION
-        parts.append(_around_seq(canonical_v2(payload, has_float=has_float)))
+        values = [*event_payload(event).values(), HASH_VERSION]
+        parts.append(_around_seq(canonical_v2(values, plain_numbers=plain_numbers)))
         events.append(event)
     if connection.vendor == "postgresql":
         _append_in_database(chain, events, parts)
