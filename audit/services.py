@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from django.db import IntegrityError, connection, models, transaction
+from django.db.models import F, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from config.errors import clean_or_raise
@@ -25,6 +28,8 @@ from .chain import (
 from .context import Actor, current_request
 from .models import GENESIS_HASH, HASH_VERSION, AuditChainHead, AuditCheckpoint, AuditEvent
 from .signing import checkpoint_signature
+
+log = logging.getLogger(__name__)
 
 
 def diff(instance: models.Model, before: dict[str, Any], fields: list[str]) -> dict[str, list]:
@@ -272,3 +277,28 @@ def checkpoint_create(*, chain: str) -> AuditCheckpoint | None:
     except IntegrityError:  # another run signed the same head first
         return None
     return checkpoint
+
+
+def checkpoint_chains() -> tuple[list[AuditCheckpoint], list[VerifyResult]]:
+    """Checkpoint every chain whose head has moved since its latest checkpoint (the periodic
+    task): the checkpoints written, and the chains that did not verify (logged, unsigned)."""
+    signed = (
+        AuditCheckpoint.objects.filter(chain=OuterRef("chain")).order_by("-count").values("count")
+    )
+    moved = (
+        AuditChainHead.objects.annotate(signed=Coalesce(Subquery(signed[:1]), 0))
+        .filter(seq__gt=F("signed"))
+        .order_by("chain")
+        .values_list("chain", flat=True)
+    )
+    written, broken = [], []
+    for chain in moved:
+        try:
+            checkpoint = checkpoint_create(chain=chain)
+        except AuditChainBroken as exc:
+            log.error("audit chain not checkpointed: %s", exc)
+            broken.append(exc.result)
+            continue
+        if checkpoint is not None:
+            written.append(checkpoint)
+    return written, broken
