@@ -22,6 +22,7 @@ import datetime
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from typing import Any
 
@@ -318,11 +319,21 @@ def _stream(chain: str, from_seq: int) -> Iterable[tuple]:
     )
     with connection.chunked_cursor() as cursor:
         cursor.execute(sql, [chain, from_seq])
-        while rows := cursor.fetchmany(CHUNK_SIZE):
-            if not postgresql:  # SQLite holds a datetime as its own text
-                at = _OCCURRED_AT
-                rows = [(*r[:at], occurred_text(_from_sqlite(r[at])), *r[at + 1 :]) for r in rows]
-            yield from rows
+        if not postgresql:  # SQLite holds a datetime as its own text
+            at = _OCCURRED_AT
+            while rows := cursor.fetchmany(CHUNK_SIZE):
+                yield from (
+                    (*r[:at], occurred_text(_from_sqlite(r[at])), *r[at + 1 :]) for r in rows
+                )
+            return
+        # The next chunk is fetched while this one is checked: the server reads and prints
+        # rows on its own core, and the fetch waits for it without the GIL.
+        with ThreadPoolExecutor(max_workers=1) as fetcher:
+            fetch = cursor.cursor.fetchmany  # psycopg's own cursor: Django's is per thread
+            pending = fetcher.submit(fetch, CHUNK_SIZE)
+            while rows := pending.result():
+                pending = fetcher.submit(fetch, CHUNK_SIZE)
+                yield from rows
 
 
 def _from_sqlite(value: str) -> datetime.datetime:

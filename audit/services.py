@@ -96,8 +96,6 @@ def model_update(
     return changes
 
 
-# No savepoint: an audit write that fails must fail the whole change it describes.
-@transaction.atomic(savepoint=False)
 def record(
     *,
     actor: Actor,
@@ -111,7 +109,9 @@ def record(
     changes: dict[str, Any] | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> AuditEvent:
-    """Append one event to its organisation's chain."""
+    """Append one event to its organisation's chain: in the caller's transaction, so it commits
+    or rolls back with the change it describes (no savepoint: an audit write that fails fails
+    that whole change)."""
     entry = {
         "action": action,
         "target": target,
@@ -125,7 +125,6 @@ def record(
     return record_many(actor=actor, organization=organization, entries=[entry])[0]
 
 
-@transaction.atomic(savepoint=False)
 def record_many(
     *, actor: Actor, organization: Any, entries: list[dict[str, Any]]
 ) -> list[AuditEvent]:
@@ -136,7 +135,8 @@ def record_many(
     Everything an event's hash covers but its place in the chain is known before the chain is
     read, so this canonicalises each event here with its ``seq`` left out, and on PostgreSQL
     one call to ``audit_append`` (migration 0005) locks the head, chains the hashes, inserts the
-    events and moves the head: one round trip, however many events.
+    events and moves the head: one statement, however many events. Called outside a
+    transaction, that statement is its own (no BEGIN and COMMIT round trips around it).
     """
     for entry in entries:
         if not is_registered(entry["action"]):
@@ -229,6 +229,7 @@ def _append_in_database(
         event._state.adding, event._state.db = False, connection.alias
 
 
+@transaction.atomic(savepoint=False)
 def _append_here(chain: str, events: list[AuditEvent], parts: list[tuple[bytes, bytes]]) -> None:
     """The same append in Python, for databases without audit_append (SQLite)."""
     head = AuditChainHead.objects.select_for_update().filter(chain=chain).first()
