@@ -150,13 +150,14 @@ def record_many(
     now = timezone.now()
     # Hash what the database will hand back to verify: the JSON columns as stored, the address
     # as the inet column prints it.
-    stored, plain_numbers = stored_json(
-        [[e.get("changes") or {}, e.get("metadata") or {}] for e in entries],
-        numeric=connection.vendor == "postgresql",
-    )
+    numeric = connection.vendor == "postgresql"
+    stored = [
+        stored_json([e.get("changes") or {}, e.get("metadata") or {}], numeric=numeric)
+        for e in entries
+    ]
     ip = AuditEvent._meta.get_field("ip").get_prep_value(ctx.ip)
     events, parts = [], []
-    for entry, (changes, metadata) in zip(entries, stored, strict=True):
+    for entry, ((changes, metadata), plain_numbers) in zip(entries, stored, strict=True):
         target = entry.get("target")
         target_id = entry.get("target_id")
         event = AuditEvent(
