@@ -319,7 +319,7 @@ def _stream(chain: str, from_seq: int) -> Iterable[tuple]:
     )
     with connection.chunked_cursor() as cursor:
         cursor.execute(sql, [chain, from_seq])
-        if not postgresql:  # SQLite holds a datetime as its own text
+        if not postgresql:  # SQLite's datetime: as Django reads it
             at = _OCCURRED_AT
             while rows := cursor.fetchmany(CHUNK_SIZE):
                 yield from (
@@ -336,10 +336,11 @@ def _stream(chain: str, from_seq: int) -> Iterable[tuple]:
                 yield from rows
 
 
-def _from_sqlite(value: str) -> datetime.datetime:
+def _from_sqlite(value: str | datetime.datetime) -> datetime.datetime:
+    """SQLite's stored datetime (naive UTC, as Django writes it), as Django reads it back."""
     from django.utils.dateparse import parse_datetime
 
-    parsed = parse_datetime(value)
+    parsed = parse_datetime(value) if isinstance(value, str) else value
     if parsed is None:
         raise ValueError(f"not a datetime: {value!r}")
     return parsed.replace(tzinfo=datetime.UTC)
