@@ -128,38 +128,82 @@ def _plain(text: str) -> bool:
 
 
 def _integer(value: int | None) -> str:
-    if value is None:
-        return "null"
-    if -_LONGEST_PLAIN < value < _LONGEST_PLAIN:
-        return str(value)
-    raise OverflowError
+    return "null" if value is None else str(value)
 
 
 def _json(value: Any) -> str:
     return "{}" if value == {} else "".join(_compact_chunks(value, 0))
 
 
-def _fast_v2(
+def _skeleton(
     chain: str, seq: int, occurred_at: str, organization_id: int | None,
     workspace_id: int | None, actor_type: str, actor_id: int | None,
     actor_token_id: int | None, actor_label: str, action: str, target_type: str,
-    target_id: str, target_repr: str, changes: Any, metadata: Any, request_id: str,
-    ip: str | None, user_agent: str, hash_version: int,
-) -> str:  # fmt: skip
-    """The version 2 form by string formatting, keys in their sorted order; the arguments are
-    :data:`HASHED_FIELDS` and the version."""
-    return (
+    target_id: str, target_repr: str, request_id: str, ip: str | None, user_agent: str,
+    hash_version: int,
+) -> tuple[str, str, str, bool]:  # fmt: skip
+    """The version 2 form around ``changes`` and ``metadata``: the text before the one, between
+    them and after the other, keys in their sorted order; and whether every integer in it is
+    plain. :data:`_SKELETON_SQL` prints the same from a stored row."""
+    head = (
         f'{{"action":{_string(action)},"actor_id":{_integer(actor_id)},'
         f'"actor_label":{_string(actor_label)},"actor_token_id":{_integer(actor_token_id)},'
-        f'"actor_type":{_string(actor_type)},"chain":{_string(chain)},'
-        f'"changes":{_json(changes)},"hash_version":{_integer(hash_version)},'
-        f'"ip":{"null" if ip is None else _string(ip)},"metadata":{_json(metadata)},'
-        f'"occurred_at":{_string(occurred_at)},"organization_id":{_integer(organization_id)},'
-        f'"request_id":{_string(request_id)},"seq":{_integer(seq)},'
-        f'"target_id":{_string(target_id)},"target_repr":{_string(target_repr)},'
-        f'"target_type":{_string(target_type)},"user_agent":{_string(user_agent)},'
-        f'"workspace_id":{_integer(workspace_id)}}}'
+        f'"actor_type":{_string(actor_type)},"chain":{_string(chain)},"changes":'
     )
+    middle = (
+        f',"hash_version":{hash_version},"ip":{"null" if ip is None else _string(ip)},"metadata":'
+    )
+    tail = (
+        f',"occurred_at":{_string(occurred_at)},"organization_id":{_integer(organization_id)},'
+        f'"request_id":{_string(request_id)},"seq":{seq},"target_id":{_string(target_id)},'
+        f'"target_repr":{_string(target_repr)},"target_type":{_string(target_type)},'
+        f'"user_agent":{_string(user_agent)},"workspace_id":{_integer(workspace_id)}}}'
+    )
+    numbers = (seq, organization_id, workspace_id, actor_id, actor_token_id)
+    plain = all(n is None or -_LONGEST_PLAIN < n < _LONGEST_PLAIN for n in numbers)
+    return head, middle, tail, plain
+
+
+# The same skeleton printed by PostgreSQL from a stored row, for verify: to_json escapes a string
+# as Python's escaper does (only ``"``, ``\`` and the controls, ``\u00xx`` in lower case) and
+# prints inet as Django reads it; an integer prints its digits. Were the two ever to differ,
+# the hash would not match: a false alarm, never a pass.
+_SKELETON_SQL = """
+'{"action":' || to_json(action) || ',"actor_id":' || coalesce(actor_id::text, 'null')
+|| ',"actor_label":' || to_json(actor_label)
+|| ',"actor_token_id":' || coalesce(actor_token_id::text, 'null')
+|| ',"actor_type":' || to_json(actor_type) || ',"chain":' || to_json(chain) || ',"changes":',
+',"hash_version":' || hash_version::text || ',"ip":' || coalesce(to_json(ip)::text, 'null')
+|| ',"metadata":',
+',"occurred_at":"'
+|| to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
+|| '","organization_id":' || coalesce(organization_id::text, 'null')
+|| ',"request_id":' || to_json(request_id) || ',"seq":' || seq::text
+|| ',"target_id":' || to_json(target_id) || ',"target_repr":' || to_json(target_repr)
+|| ',"target_type":' || to_json(target_type) || ',"user_agent":' || to_json(user_agent)
+|| ',"workspace_id":' || coalesce(workspace_id::text, 'null') || '}',
+greatest(abs(seq), abs(organization_id), abs(workspace_id), abs(actor_id),
+         abs(actor_token_id)) < 1000000000000000
+"""
+
+
+def _from_skeleton(
+    version: int, head: str, middle: str, tail: str, changes: Any, metadata: Any, plain: bool
+) -> bytes:
+    """What the hash covers after ``prev_hash``, in ``version``, from the skeleton and the
+    decoded JSON values; ``plain`` when every number in them is (:class:`JSONReader`)."""
+    if version == HASH_V2_RFC8785 and plain:
+        text = head + _json(changes) + middle + _json(metadata) + tail
+        if _plain(text):
+            return text.encode()
+    payload = json.loads(head + "null" + middle + "null" + tail)  # the other fields' values
+    payload["changes"], payload["metadata"] = changes, metadata
+    if version == HASH_V2_RFC8785:
+        return rfc8785.dumps(jcs_input(payload))
+    if version == HASH_V1_JSON_DUMPS:
+        del payload["hash_version"]
+        return canonical_json(payload).encode()
+    raise ValueError(f"unknown hash version {version}")
 
 
 def canonical_v2(values: Sequence[Any], *, plain_numbers: bool) -> bytes:
@@ -167,17 +211,11 @@ def canonical_v2(values: Sequence[Any], *, plain_numbers: bool) -> bytes:
     ``values`` are those of :data:`HASHED_FIELDS` in order (``occurred_at`` as
     :func:`occurred_text`), then the hash version; ``plain_numbers`` says that every number in
     the JSON values is an integer of at most 15 digits (:class:`JSONReader` knows)."""
-    if plain_numbers:
-        try:
-            text = _fast_v2(*values)
-        except (OverflowError, TypeError):  # a long or odd value: the slow road
-            pass
-        else:
-            if _plain(text):
-                return text.encode()
-    payload = dict(zip(HASHED_FIELDS, values, strict=False))
-    payload["hash_version"] = values[len(HASHED_FIELDS)]
-    return rfc8785.dumps(jcs_input(payload))
+    *fields, version = values
+    changes, metadata = fields[_CHANGES], fields[_METADATA]
+    del fields[_CHANGES : _METADATA + 1]
+    head, middle, tail, plain = _skeleton(*fields, version)
+    return _from_skeleton(version, head, middle, tail, changes, metadata, plain and plain_numbers)
 
 
 def _numeric(text: str) -> int | float:
@@ -249,24 +287,15 @@ def event_payload(event: AuditEvent) -> dict[str, Any]:
 def event_hash(prev_hash: str, event: AuditEvent) -> str:
     """The event's hash in its own ``hash_version``; ValueError for a version this code lacks."""
     values = [*event_payload(event).values(), event.hash_version]
-    return hashlib.sha256(prev_hash.encode() + hash_input(values, None)).hexdigest()
+    return hashlib.sha256(prev_hash.encode() + hash_input(values)).hexdigest()
 
 
-def hash_input(values: Sequence[Any], reader: JSONReader | None) -> bytes:
+def hash_input(values: Sequence[Any]) -> bytes:
     """What an event's hash covers after its ``prev_hash``, in its own version: ``values`` are
-    those of :data:`HASHED_FIELDS` in order, then the version. With a ``reader``, ``changes``
-    and ``metadata`` are the stored JSON text it decodes; without, the decoded values, whose
-    numbers are then not known to be plain."""
-    values = list(values)
+    those of :data:`HASHED_FIELDS` in order, then the version."""
     version = values[-1]
-    plain_numbers = False
-    if reader is not None and isinstance(values[_CHANGES], str):
-        reader.plain_numbers = True
-        values[_CHANGES] = reader.read(values[_CHANGES])
-        values[_METADATA] = reader.read(values[_METADATA])
-        plain_numbers = reader.plain_numbers
     if version == HASH_V2_RFC8785:
-        return canonical_v2(values, plain_numbers=plain_numbers)
+        return canonical_v2(values, plain_numbers=False)
     if version == HASH_V1_JSON_DUMPS:
         return canonical_json(dict(zip(HASHED_FIELDS, values, strict=False))).encode()
     raise ValueError(f"unknown hash version {version}")
@@ -274,10 +303,12 @@ def hash_input(values: Sequence[Any], reader: JSONReader | None) -> bytes:
 
 # --- verify -------------------------------------------------------------------------------------
 
-# What verify reads of each event: its id and links, then the hashed fields but the chain in
-# their stored form (jsonb as its text, inet as its text) and the hash version.
-_COLUMNS = ("id", "prev_hash", "hash", *HASHED_FIELDS[1:], "hash_version")
-_OCCURRED_AT = _COLUMNS.index("occurred_at")
+# What verify reads of each event: its id, links, seq, action and hash version, the JSON
+# columns as stored text, and the skeleton around them (:func:`_skeleton`).
+_LEAD = ("id", "prev_hash", "hash", "seq", "action", "hash_version", "changes", "metadata")
+_SKELETON_FIELDS = tuple(
+    name for name in HASHED_FIELDS if name not in ("chain", "changes", "metadata")
+)
 CHUNK_SIZE = 5000
 MAX_PASSES = 10  # after as many, events still being appended are left for the next run
 
@@ -300,31 +331,31 @@ class VerifyResult:
 
 
 def _stream(chain: str, from_seq: int) -> Iterable[tuple]:
-    """The chain's events from ``from_seq`` on, in order, as tuples of :data:`_COLUMNS`, read
-    through a server-side cursor (on PostgreSQL) so memory stays flat whatever the length.
-    ``occurred_at`` comes as the text its hash covers (:func:`occurred_text`): PostgreSQL
-    prints it, which is cheaper than a datetime made and printed per event."""
+    """The chain's events from ``from_seq`` on, in order, as tuples of :data:`_LEAD` then the
+    skeleton (head, middle, tail, plain), read through a server-side cursor (on PostgreSQL) so
+    memory stays flat whatever the length. PostgreSQL prints the skeleton itself: fewer
+    columns to read, and no datetime made and printed per event."""
     from django.db import connection
 
     quote = connection.ops.quote_name
-    columns = [quote(c) for c in _COLUMNS]
     postgresql = connection.vendor == "postgresql"
+    columns = [quote(c) for c in _LEAD]
     if postgresql:
-        columns[_OCCURRED_AT] = (
-            """to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')"""
-        )
+        columns.append(_SKELETON_SQL)
+    else:
+        columns += [quote(c) for c in _SKELETON_FIELDS]
     sql = (
         f"SELECT {', '.join(columns)} FROM {quote(AuditEvent._meta.db_table)}"
         " WHERE chain = %s AND seq >= %s ORDER BY seq"
     )
     with connection.chunked_cursor() as cursor:
         cursor.execute(sql, [chain, from_seq])
-        if not postgresql:  # SQLite's datetime: as Django reads it
-            at = _OCCURRED_AT
+        if not postgresql:
+            lead, at = len(_LEAD), _SKELETON_FIELDS.index("occurred_at") + len(_LEAD)
             while rows := cursor.fetchmany(CHUNK_SIZE):
-                yield from (
-                    (*r[:at], occurred_text(_from_sqlite(r[at])), *r[at + 1 :]) for r in rows
-                )
+                for r in rows:
+                    fields = [*r[lead:at], occurred_text(_from_sqlite(r[at])), *r[at + 1 :]]
+                    yield (*r[:lead], *_skeleton(chain, *fields, r[5]))
             return
         # The next chunk is fetched while this one is checked: the server reads and prints
         # rows on its own core, and the fetch waits for it without the GIL.
@@ -387,7 +418,8 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
     # before the first is read.
     with transaction.atomic(), contextlib.closing(rows()) as stream:
         for row in stream:
-            pk, link, stored_hash, seq = row[0], row[1], row[2], row[3]
+            (pk, link, stored_hash, seq, action, version, changes, metadata, head, middle, tail,
+             plain) = row  # fmt: skip
             problem = None
             if seq != expected_seq:
                 problem = f"sequence gap: expected seq {expected_seq}, found {seq}"
@@ -396,8 +428,13 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
             elif link != prev_hash:
                 problem = "prev_hash does not match the previous event's hash"
             else:
+                reader.plain_numbers = True
                 try:
-                    data = link.encode() + hash_input((chain, *row[3:]), reader)
+                    changes, metadata = reader.read(changes), reader.read(metadata)
+                    plain = plain and reader.plain_numbers
+                    data = link.encode() + _from_skeleton(
+                        version, head, middle, tail, changes, metadata, plain
+                    )
                 except (ValueError, TypeError) as exc:  # content no version can hash
                     problem = f"cannot recompute the hash: {exc}"
                 else:
@@ -411,7 +448,7 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
                 else:
                     result.checkpoints += 1
             if problem:
-                return _broken(result, pk, seq, row[_COLUMNS.index("action")], problem)
+                return _broken(result, pk, seq, action, problem)
             prev_hash, expected_seq = stored_hash, expected_seq + 1
             result.count, result.last_event_id, result.head_hash = seq, pk, stored_hash
 

@@ -198,9 +198,9 @@ _SEQ_PLACEHOLDER = b',"seq":0,'
 
 
 def _around_seq(canonical: bytes) -> tuple[bytes, bytes]:
-    """The canonical bytes before and after the digits of ``seq`` (written as 0). The last
-    match is the top-level key: the keys after it hold only strings and numbers, and in a
-    string every ``"`` is escaped."""
+    """The canonical bytes before and after the digits of ``seq`` (written as 0), which RFC 8785
+    prints as digits up to 2**53 - 1. The last match is the top-level key: the keys after it
+    hold only strings and numbers, and in a string every ``"`` is escaped."""
     at = canonical.rindex(_SEQ_PLACEHOLDER) + len(_SEQ_PLACEHOLDER) - 2
     return canonical[:at], canonical[at + 1 :]
 

@@ -99,7 +99,7 @@ def seed(org, actor, events: int, batch: int) -> None:
 def sha256_in_memory(chain: str) -> tuple[float, int]:
     """sha256 of the chain over the very hash inputs verify computes, read and canonicalised
     beforehand (a chunk at a time, so memory stays bounded), timing only the hashing."""
-    from audit.chain import CHUNK_SIZE, JSONReader, _stream, hash_input
+    from audit.chain import CHUNK_SIZE, JSONReader, _from_skeleton, _stream
 
     reader = JSONReader()
     hashing, total_bytes, chunk = 0.0, 0, []
@@ -110,8 +110,13 @@ def sha256_in_memory(chain: str) -> tuple[float, int]:
             hashlib.sha256(data).hexdigest()
         return time.perf_counter() - started
 
-    for row in _stream(chain, 1):
-        data = row[1].encode() + hash_input((chain, *row[3:]), reader)
+    for _, link, _, _, _, version, changes, metadata, head, middle, tail, plain in _stream(
+        chain, 1
+    ):
+        reader.plain_numbers = True
+        changes, metadata = reader.read(changes), reader.read(metadata)
+        plain = plain and reader.plain_numbers
+        data = link.encode() + _from_skeleton(version, head, middle, tail, changes, metadata, plain)
         total_bytes += len(data)
         chunk.append(data)
         if len(chunk) >= CHUNK_SIZE * 20:
