@@ -398,18 +398,22 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
     head: tuple[int, str] | None = None
     appending = False
 
+    def read_head() -> tuple[int, str] | None:
+        return AuditChainHead.objects.filter(chain=chain).values_list("seq", "hash").first()
+
     def rows() -> Iterable[tuple]:
-        """The events up to the head: the head is read after the events (it commits with them),
-        and the events it has moved on to since are read in another pass."""
+        """The events up to the head. The head commits with its events, so every event up to
+        the head read before a pass is there to read; if the head moved on meanwhile, the new
+        events are read in another pass."""
         nonlocal head, appending
         for _ in range(MAX_PASSES):
-            read_any = False
-            for row in _stream(chain, expected_seq):
-                read_any = True
-                yield row
-            head = AuditChainHead.objects.filter(chain=chain).values_list("seq", "hash").first()
-            if head is None or head[0] <= result.count or not read_any:
+            before = read_head()
+            yield from _stream(chain, expected_seq)
+            head = read_head()
+            if head is None or head[0] <= result.count:
                 return
+            if before is not None and result.count < before[0]:
+                return  # events missing: the head's check below names it
         appending = True
 
     reader = JSONReader()
