@@ -77,3 +77,25 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.target_type}:{self.target_id} by {self.actor_label}"
+
+
+class AuditCheckpoint(models.Model):
+    """A signed statement that a chain was ``count`` events long, ending with event
+    ``last_event_id`` of hash ``head_hash`` (audit/signing.py). Written only after the chain
+    verified up to there; append-only like the events (migration 0006)."""
+
+    chain = models.CharField(max_length=40)
+    count = models.BigIntegerField()  # the seq of its last event: a chain's seq counts from 1
+    last_event_id = models.BigIntegerField()
+    head_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField()
+    signature = models.CharField(max_length=64)  # HMAC-SHA256, hex
+
+    class Meta:
+        ordering = ["chain", "count"]
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "count"], name="uniq_audit_checkpoint"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.chain}@{self.count}"

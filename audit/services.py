@@ -3,39 +3,33 @@ commits or rolls back with the change it describes."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connection, models, transaction
+from django.db import IntegrityError, connection, models, transaction
+from django.db.models import F, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from config.db import copy_insert
 from config.errors import clean_or_raise
 
 from .actions import is_registered
-from .chain import event_hash, org_chain
+from .chain import (
+    VerifyResult,
+    canonical_v2,
+    event_payload,
+    org_chain,
+    stored_json,
+    verify_chain,
+)
 from .context import Actor, current_request
-from .models import GENESIS_HASH, HASH_VERSION, AuditChainHead, AuditEvent
+from .models import GENESIS_HASH, HASH_VERSION, AuditChainHead, AuditCheckpoint, AuditEvent
+from .signing import checkpoint_signature
 
-
-def _as_stored(values: list[Any]) -> list[Any]:
-    """The JSON values as the database gives them back once stored, which is what gets hashed.
-
-    Datetimes, decimals and UUIDs become strings first, as they always have (``default=str``);
-    NaN and infinities, which no JSON column stores, are refused here. On PostgreSQL the batch
-    takes one round-trip through jsonb, which keeps numbers as ``numeric`` and prints them its
-    own way (the float ``1e16`` comes back as the integer ``10000000000000000``, ``-0.0`` as
-    ``0.0``); other databases store the JSON text itself.
-    """
-    text = json.dumps(values, default=str, allow_nan=False)
-    if connection.vendor != "postgresql":
-        return json.loads(text)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT %s::jsonb", [text])
-        stored = cursor.fetchone()[0]
-    # Django reads jsonb as text and decodes it in JSONField, as this does.
-    return json.loads(stored) if isinstance(stored, str) else stored
+log = logging.getLogger(__name__)
 
 
 def diff(instance: models.Model, before: dict[str, Any], fields: list[str]) -> dict[str, list]:
@@ -102,8 +96,6 @@ def model_update(
     return changes
 
 
-# No savepoint: an audit write that fails must fail the whole change it describes.
-@transaction.atomic(savepoint=False)
 def record(
     *,
     actor: Actor,
@@ -117,7 +109,9 @@ def record(
     changes: dict[str, Any] | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> AuditEvent:
-    """Append one event to its organisation's chain."""
+    """Append one event to its organisation's chain: in the caller's transaction, so it commits
+    or rolls back with the change it describes (no savepoint: an audit write that fails fails
+    that whole change)."""
     entry = {
         "action": action,
         "target": target,
@@ -131,13 +125,19 @@ def record(
     return record_many(actor=actor, organization=organization, entries=[entry])[0]
 
 
-@transaction.atomic(savepoint=False)
 def record_many(
     *, actor: Actor, organization: Any, entries: list[dict[str, Any]]
 ) -> list[AuditEvent]:
-    """Append events to one organisation's chain with one lock, one insert and one head update
-    (the admission of many jobs at once). Each entry takes the keyword arguments of
-    :func:`record` but ``actor`` and ``organization``."""
+    """Append events to one organisation's chain under one lock (the admission of many jobs at
+    once). Each entry takes the keyword arguments of :func:`record` but ``actor`` and
+    ``organization``.
+
+    Everything an event's hash covers but its place in the chain is known before the chain is
+    read, so this canonicalises each event here with its ``seq`` left out, and on PostgreSQL
+    one call to ``audit_append`` (migration 0005) locks the head, chains the hashes, inserts the
+    events and moves the head: one statement, however many events. Called outside a
+    transaction, that statement is its own (no BEGIN and COMMIT round trips around it).
+    """
     for entry in entries:
         if not is_registered(entry["action"]):
             raise ValueError(
@@ -147,26 +147,22 @@ def record_many(
         organization = entries[0]["workspace"].organization
     chain = org_chain(getattr(organization, "pk", None))
     ctx = current_request()
-
-    head = AuditChainHead.objects.select_for_update().filter(chain=chain).first()
-    if head is None:
-        AuditChainHead.objects.bulk_create(
-            [AuditChainHead(chain=chain, seq=0, hash=GENESIS_HASH)], ignore_conflicts=True
-        )
-        head = AuditChainHead.objects.select_for_update().get(chain=chain)
-
-    events, seq, prev_hash, now = [], head.seq, head.hash, timezone.now()
+    now = timezone.now()
     # Hash what the database will hand back to verify: the JSON columns as stored, the address
     # as the inet column prints it.
-    stored_json = _as_stored([[e.get("changes") or {}, e.get("metadata") or {}] for e in entries])
+    numeric = connection.vendor == "postgresql"
+    stored = [
+        stored_json([e.get("changes") or {}, e.get("metadata") or {}], numeric=numeric)
+        for e in entries
+    ]
     ip = AuditEvent._meta.get_field("ip").get_prep_value(ctx.ip)
-    for entry, (changes, metadata) in zip(entries, stored_json, strict=True):
+    events, parts = [], []
+    for entry, ((changes, metadata), plain_numbers) in zip(entries, stored, strict=True):
         target = entry.get("target")
         target_id = entry.get("target_id")
-        seq += 1
         event = AuditEvent(
             chain=chain,
-            seq=seq,
+            seq=0,  # placed by the append
             occurred_at=now,
             organization=organization,
             workspace=entry.get("workspace"),
@@ -186,11 +182,125 @@ def record_many(
             request_id=ctx.request_id,
             ip=ip,
             user_agent=ctx.user_agent,
-            prev_hash=prev_hash,
             hash_version=HASH_VERSION,
         )
-        event.hash = prev_hash = event_hash(prev_hash, event)
+        values = [*event_payload(event).values(), HASH_VERSION]
+        parts.append(_around_seq(canonical_v2(values, plain_numbers=plain_numbers)))
         events.append(event)
-    copy_insert(AuditEvent, events)
-    AuditChainHead.objects.filter(chain=chain).update(seq=seq, hash=prev_hash)
+    if connection.vendor == "postgresql":
+        _append_in_database(chain, events, parts)
+    else:
+        _append_here(chain, events, parts)
     return events
+
+
+_SEQ_PLACEHOLDER = b',"seq":0,'
+
+
+def _around_seq(canonical: bytes) -> tuple[bytes, bytes]:
+    """The canonical bytes before and after the digits of ``seq`` (written as 0), which RFC 8785
+    prints as digits up to 2**53 - 1. The last match is the top-level key: the keys after it
+    hold only strings and numbers, and in a string every ``"`` is escaped."""
+    at = canonical.rindex(_SEQ_PLACEHOLDER) + len(_SEQ_PLACEHOLDER) - 2
+    return canonical[:at], canonical[at + 1 :]
+
+
+# The columns the append writes besides chain, seq and the hashes, as audit_append reads them.
+_ROW_FIELDS = (
+    "occurred_at", "organization_id", "workspace_id", "actor_type", "actor_id", "actor_token_id",
+    "actor_label", "action", "target_type", "target_id", "target_repr", "changes", "metadata",
+    "request_id", "ip", "user_agent", "hash_version",
+)  # fmt: skip
+
+
+def _append_in_database(
+    chain: str, events: list[AuditEvent], parts: list[tuple[bytes, bytes]]
+) -> None:
+    rows = [{name: getattr(event, name) for name in _ROW_FIELDS} for event in events]
+    for row in rows:
+        row["occurred_at"] = row["occurred_at"].isoformat()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT * FROM audit_append(%s, %s::jsonb, %s::bytea[], %s::bytea[])",
+            [chain, json.dumps(rows), [b for b, _ in parts], [a for _, a in parts]],
+        )
+        placed = sorted(cursor.fetchall(), key=lambda row: row[1])
+    for event, (pk, seq, prev_hash, hash_) in zip(events, placed, strict=True):
+        event.pk, event.seq, event.prev_hash, event.hash = pk, seq, prev_hash, hash_
+        event._state.adding, event._state.db = False, connection.alias
+
+
+@transaction.atomic(savepoint=False)
+def _append_here(chain: str, events: list[AuditEvent], parts: list[tuple[bytes, bytes]]) -> None:
+    """The same append in Python, for databases without audit_append (SQLite)."""
+    head = AuditChainHead.objects.select_for_update().filter(chain=chain).first()
+    if head is None:
+        AuditChainHead.objects.bulk_create(
+            [AuditChainHead(chain=chain, seq=0, hash=GENESIS_HASH)], ignore_conflicts=True
+        )
+        head = AuditChainHead.objects.select_for_update().get(chain=chain)
+    seq, prev_hash = head.seq, head.hash
+    for event, (before, after) in zip(events, parts, strict=True):
+        seq += 1
+        event.seq, event.prev_hash = seq, prev_hash
+        data = prev_hash.encode() + before + str(seq).encode() + after
+        event.hash = prev_hash = hashlib.sha256(data).hexdigest()
+    AuditEvent.objects.bulk_create(events)
+    AuditChainHead.objects.filter(chain=chain).update(seq=seq, hash=prev_hash)
+
+
+class AuditChainBroken(Exception):
+    def __init__(self, result: VerifyResult) -> None:
+        self.result = result
+        link = result.first_broken or {}
+        super().__init__(f"{result.chain}: broken at seq {link.get('seq')}: {link.get('reason')}")
+
+
+def checkpoint_create(*, chain: str) -> AuditCheckpoint | None:
+    """Verify ``chain`` from its latest checkpoint to its head and sign the head; None when the
+    chain is empty or its head has not moved since that checkpoint. A chain that does not
+    verify gets no checkpoint: AuditChainBroken."""
+    result = verify_chain(chain, since_checkpoint=True)
+    if not result.ok:
+        raise AuditChainBroken(result)
+    if result.count == 0 or result.count == result.since_seq:
+        return None
+    checkpoint = AuditCheckpoint(
+        chain=chain,
+        count=result.count,
+        last_event_id=result.last_event_id,
+        head_hash=result.head_hash,
+        created_at=timezone.now(),
+    )
+    checkpoint.signature = checkpoint_signature(checkpoint)
+    try:
+        with transaction.atomic():
+            checkpoint.save(force_insert=True)
+    except IntegrityError:  # another run signed the same head first
+        return None
+    return checkpoint
+
+
+def checkpoint_chains() -> tuple[list[AuditCheckpoint], list[VerifyResult]]:
+    """Checkpoint every chain whose head has moved since its latest checkpoint (the periodic
+    task): the checkpoints written, and the chains that did not verify (logged, unsigned)."""
+    signed = (
+        AuditCheckpoint.objects.filter(chain=OuterRef("chain")).order_by("-count").values("count")
+    )
+    moved = (
+        AuditChainHead.objects.annotate(signed=Coalesce(Subquery(signed[:1]), 0))
+        .filter(seq__gt=F("signed"))
+        .order_by("chain")
+        .values_list("chain", flat=True)
+    )
+    written, broken = [], []
+    for chain in moved:
+        try:
+            checkpoint = checkpoint_create(chain=chain)
+        except AuditChainBroken as exc:
+            log.error("audit chain not checkpointed: %s", exc)
+            broken.append(exc.result)
+            continue
+        if checkpoint is not None:
+            written.append(checkpoint)
+    return written, broken

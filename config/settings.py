@@ -27,6 +27,9 @@ LOGIN_REDIRECT_URL = "/api/docs/"
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("MANTA_SECURE_COOKIES", default=not DEBUG)
 SECRET_KEY = env.str("SECRET_KEY", default="insecure-embedded-default-change-me")
 MANTA_ENCRYPTION_KEY = env.str("MANTA_ENCRYPTION_KEY", default="")
+# Signs the audit chains' checkpoints (audit/signing.py); empty derives one from SECRET_KEY. Set
+# it on its own to keep the checkpoints verifiable across a SECRET_KEY rotation.
+MANTA_AUDIT_CHECKPOINT_KEY = env.str("MANTA_AUDIT_CHECKPOINT_KEY", default="")
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -289,6 +292,13 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env.float("WEBHOOK_SWEEP_INTERVAL_SECONDS", default=5.0),
     },
     "packages-expire": {"task": "manta.packages.expire", "schedule": 3600.0},
+    # Verify each audit chain since its last checkpoint and sign its head (audit/tasks.py).
+    "audit-checkpoint": {
+        "task": "manta.audit.checkpoint",
+        "schedule": _number(
+            "MANTA_AUDIT_CHECKPOINT_INTERVAL_SECONDS", 3600.0, low=1, high=366 * 86400
+        ),
+    },
 }
 
 

@@ -25,7 +25,7 @@ from factory.django import DjangoModelFactory
 from audit import services as audit
 from audit.chain import canonical_json
 from audit.context import Actor
-from audit.models import AuditChainHead, AuditEvent
+from audit.models import AuditChainHead, AuditCheckpoint, AuditEvent
 from config import secrets as secrets_box
 from jobs.api.examples import COUNTER_SPEC
 from jobs.models import (
@@ -346,6 +346,24 @@ class AuditChainHeadFactory(factory.Factory):
     @classmethod
     def _build(cls, model_class, *args, **kwargs):
         raise TypeError("a chain head follows its events: use create()")
+
+
+class AuditCheckpointFactory(factory.Factory):
+    """A checkpoint signs a verified head (``audit.services.checkpoint_create``): made by
+    appending one event and checkpointing its chain."""
+
+    class Meta:
+        model = AuditCheckpoint
+
+    event = factory.SubFactory(AuditEventFactory)
+
+    @classmethod
+    def _create(cls, model_class, event):
+        return audit.checkpoint_create(chain=event.chain)
+
+    @classmethod
+    def _build(cls, model_class, *args, **kwargs):
+        raise TypeError("a checkpoint signs a verified chain: use create()")
 
 
 # --- outbox --------------------------------------------------------------------------------------
