@@ -190,8 +190,11 @@ def jain(shares: list[float]) -> float:
 class Replay:
     """One policy's replay of a trace; :meth:`run` returns its :class:`Result`."""
 
-    def __init__(self, trace: Trace, world: World, policy: str, *, predictions: int = 0):
+    def __init__(
+        self, trace: Trace, world: World, policy: str, *, preemption: bool, predictions: int = 0
+    ):
         self.trace, self.world, self.policy = trace, world, policy
+        self.preemption = preemption
         self.clock = Clock()
         n = len(trace.tasks)
         stride = max(1, n // predictions) if predictions else 0
@@ -345,7 +348,7 @@ class Replay:
         for _ in range(MAX_PASSES_PER_EVENT):
             self.passes += 1
             admitted = admission.admit(self.world.org_id)
-            preempted = self._preempted()
+            preempted = self.preemption and self._preempted()
             if admitted:
                 self._start([self.index[pk] for pk in admitted])
             if not preempted or not self.queued:
@@ -436,7 +439,7 @@ def simulate(
     world = build(
         trace, policy, preemption=preemption, slug=slug or f"sim-{policy.replace('_', '-')}"
     )
-    replay = Replay(trace, world, policy, predictions=predictions)
+    replay = Replay(trace, world, policy, preemption=preemption, predictions=predictions)
     replay.last_event_id = (
         JobEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
     )
@@ -523,6 +526,7 @@ def main() -> None:
     parser.add_argument("--workspaces", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=None, help="synthetic: 2000; openb: all")
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--database", default="manta_bench_simulate", help="dropped and made anew")
     parser.add_argument("--preemption", action="store_true", help="the org preempts borrowers")
     parser.add_argument(
         "--predictions", type=int, default=200, help="jobs whose start is predicted"
@@ -544,7 +548,7 @@ def main() -> None:
     from common import configure
 
     configure(
-        "manta_bench_simulate",
+        args.database,
         CELERY_BROKER_URL="memory://",
         LOG_LEVEL="ERROR",
         MANTA_LOCAL_CAPACITY="cpu=1000000,memory_gb=1000000,gpu=1000000",

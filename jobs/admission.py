@@ -195,6 +195,25 @@ class Preemption:
         )
 
 
+def _heads(organization_id: int, workspace_ids: list[int], admitted: set[int]) -> dict[int, Job]:
+    """The next queued job (in base order, ``admitted`` aside) of each of these workspaces that
+    has one: one query on PostgreSQL (DISTINCT ON), where a query per workspace made a pass
+    of an organisation with many workspaces under their guarantee cost one query each."""
+    if not workspace_ids:
+        return {}
+    queued = (
+        _queued(organization_id)
+        .filter(workspace_id__in=workspace_ids)
+        .exclude(pk__in=admitted)
+        .select_related("workspace")
+    )
+    if connection.vendor == "postgresql":
+        firsts = queued.order_by("workspace_id", "-priority", "queued_at", "id")
+        return {job.workspace_id: job for job in firsts.distinct("workspace_id")}
+    found = (queued.filter(workspace_id=ws).first() for ws in workspace_ids)
+    return {job.workspace_id: job for job in found if job is not None}
+
+
 def plan_preemptions(ledger: Ledger, organization_id: int, admitted: set[int]) -> list[Preemption]:
     """Give guarantees back: for each workspace whose next queued job fits within its guarantee
     but not in what is left, preempt running jobs of workspaces above their guarantee
@@ -205,16 +224,15 @@ def plan_preemptions(ledger: Ledger, organization_id: int, admitted: set[int]) -
     if not ledger.anyone_borrowing():
         return preemptions  # nobody holds more than their guarantee: there is nothing to take
     candidates: list[Held] | None = None
+    under = {ws for ws in ledger.ws_quotas if ledger.under_guarantee(ws)}
+    heads = _heads(organization_id, sorted(under), admitted)
     for workspace_id in ledger.ws_quotas:
         if not ledger.under_guarantee(workspace_id):
             continue  # at or above its guarantee: it has nothing to take back
-        job = (
-            _queued(organization_id)
-            .filter(workspace_id=workspace_id)
-            .exclude(pk__in=admitted)
-            .select_related("workspace")
-            .first()
-        )
+        if workspace_id in under:
+            job = heads.get(workspace_id)
+        else:  # not read above: it fell under its guarantee when a victim of it left
+            job = _heads(organization_id, [workspace_id], admitted).get(workspace_id)
         if job is None or not ledger.within_guarantee(job) or ledger.workspace_blocker(job):
             continue
         if not ledger.org_blocker(job):

@@ -14,8 +14,8 @@ from quotas.selectors import active_reservations
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from simulate import fair_allocation, jain, simulate  # noqa: E402
-from traces import OPENB_DIR, SyntheticParams, openb, openb_gpu, synthetic  # noqa: E402
+from simulate import fair_allocation, jain, simulate
+from traces import OPENB_DIR, SyntheticParams, openb, openb_gpu, synthetic
 
 SMALL = SyntheticParams(jobs=60, workspaces=3, seed=7, gpus=16, load=1.5)
 

@@ -183,3 +183,32 @@ def test_a_running_limit_is_freed_from_a_borrower(two_workspaces):  # noqa: F811
     owner_job = queue_job(world, spaces["ml"], templates["ml"], 1, minutes_ago=1)
     assert admission.admit(world.org.pk) == [owner_job]
     assert (state(within), state(borrower)) == ("launching", "queued")
+
+
+def test_the_heads_of_many_workspaces_under_their_guarantee_are_read_at_once(
+    two_workspaces,  # noqa: F811
+    django_assert_max_num_queries,
+):
+    world, spaces, templates = two_workspaces
+    # capacity 12: other borrows all of it; six more workspaces, guaranteed 1 GPU each, each
+    # queue a 1-GPU job (the second is queued later in w0, behind its head).
+    guarantee(spaces["ml"], 2, 12)
+    guarantee(spaces["other"], 2, 12)
+    setup_quota(world, 12, "fifo", preemption=True)
+    borrower = run(world, spaces["other"], templates["other"], 12, minutes_ago=60)
+    heads = []
+    for n in range(6):
+        ws = WorkspaceFactory(organization=world.org, slug=f"w{n}")
+        guarantee(ws, 1, 12)
+        heads.append(queue_job(world, ws, bare_template(ws), 1, minutes_ago=30 - n))
+        if n == 0:
+            queue_job(world, ws, Job.objects.get(pk=heads[0]).template_version.template, 1,
+                      minutes_ago=1)  # fmt: skip
+    ledger = admission.ledger_for(world.org.pk)
+    with django_assert_max_num_queries(2):  # the heads, then the preemption candidates
+        preemptions = admission.plan_preemptions(ledger, world.org.pk, set())
+    # The first head preempts the borrower; the others then fit without anyone leaving.
+    assert [(p.job.pk, [v.job_id for v in p.victims]) for p in preemptions] == [
+        (heads[0], [borrower])
+    ]
+    assert preemptions[0].job.workspace.slug == "w0"  # read with its workspace, no query more
