@@ -213,8 +213,9 @@ def openb(
     The organisation's capacity is the cluster's (its nodes' CPUs, memory and GPUs) times
     ``capacity_scale``, so that work queues; each workspace is guaranteed a share of each
     resource proportional to its share of the trace's demand of it (resource × run time), the
-    guarantees adding up to ``guaranteed`` × capacity. ``jobs`` keeps the first that many tasks
-    in arrival order.
+    guarantees adding up to ``guaranteed`` × capacity. ``jobs`` keeps that many tasks, evenly
+    spaced in arrival order, and scales the capacity down by the same fraction (90 % of the
+    tasks arrive in the trace's last 30 days: a prefix would be its quiet first months).
     """
     with open(directory / OPENB_NODES, newline="") as nodes_file:
         nodes = list(csv.DictReader(nodes_file))
@@ -230,8 +231,11 @@ def openb(
             if pod["scheduled_time"] != "" and pod["deletion_time"] != ""
         ]
     pods.sort(key=lambda pod: (int(pod["creation_time"]), pod["name"]))
-    if jobs is not None:
-        pods = pods[:jobs]
+    if jobs is not None and jobs < len(pods):
+        # An even sample over the whole trace, and the capacity scaled down with it: the same
+        # load, where a prefix would keep only the trace's quiet first months.
+        capacity_scale *= jobs / len(pods)
+        pods = [pods[n * len(pods) // jobs] for n in range(jobs)]
     runtimes = [max(1, int(pod["deletion_time"]) - int(pod["scheduled_time"])) for pod in pods]
     longest = math.ceil(max(runtimes, default=1) / 86400) * 86400
     tasks = []

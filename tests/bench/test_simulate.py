@@ -17,22 +17,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from simulate import fair_allocation, jain, simulate
 from traces import OPENB_DIR, SyntheticParams, openb, openb_gpu, synthetic
 
-SMALL = SyntheticParams(jobs=60, workspaces=3, seed=7, gpus=16, load=1.5)
+SMALL = SyntheticParams(jobs=40, workspaces=3, seed=7, gpus=16, load=1.5)
 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("policy", QueuePolicy.values)
 def test_a_small_replay_is_sane_under_every_policy(policy):
     trace = synthetic(SMALL)
-    result = simulate(trace, policy, predictions=10)
+    result = simulate(trace, policy, predictions=5)
 
-    assert result.started == result.jobs == 60  # every job starts
+    assert result.started == result.jobs == 40  # every job starts
     assert result.queued_seconds > 0  # the load made work queue
     assert 0 <= result.utilisation <= 1 + 1e-9
     assert all(wait >= 0 for wait in result.all_waits())
     assert 0 < result.jain <= 1 + 1e-9
     assert result.preempted == 0 and result.preempted_gpu_hours == 0
-    assert len(result.predictions) == 10
+    assert len(result.predictions) == 5
     # The jobs went through the real transitions: all succeeded, nothing is held any more.
     jobs = Job.objects.filter(organization__slug=f"sim-{policy.replace('_', '-')}")
     assert set(jobs.values_list("state", flat=True)) == {JobState.SUCCEEDED}
@@ -49,7 +49,7 @@ def test_a_small_replay_is_sane_under_every_policy(policy):
 @pytest.mark.django_db
 def test_preemption_gives_guarantees_back_and_counts_the_work_lost():
     # One workspace fills the org with long jobs before the others arrive.
-    trace = synthetic(SyntheticParams(jobs=40, workspaces=3, seed=3, gpus=16, load=2.0))
+    trace = synthetic(SyntheticParams(jobs=30, workspaces=3, seed=3, gpus=16, load=2.0))
     result = simulate(trace, QueuePolicy.FAIR_SHARE, preemption=True)
 
     assert result.started == result.jobs
@@ -92,3 +92,12 @@ def test_the_openb_loader_reads_the_real_trace():
         total = sum(g[name] for g in trace.guarantees)
         assert total == pytest.approx(trace.capacity[name])
     assert openb_gpu(1, 460) == 0.46 and openb_gpu(2, 1000) == 2 and openb_gpu(0, 0) == 0
+
+
+@pytest.mark.skipif(not OPENB_DIR.exists(), reason=f"the OpenB trace is not at {OPENB_DIR}")
+def test_an_openb_sample_keeps_the_load():
+    full, sample = openb(capacity_scale=0.01), openb(capacity_scale=0.01, jobs=1000)
+
+    assert len(sample.tasks) == 1000
+    assert sample.tasks[0] == full.tasks[0]
+    assert sample.capacity["gpu"] == pytest.approx(full.capacity["gpu"] * 1000 / len(full.tasks))
