@@ -48,13 +48,12 @@ def test_a_small_replay_is_sane_under_every_policy(policy):
 
 @pytest.mark.django_db
 def test_preemption_gives_guarantees_back_and_counts_the_work_lost():
-    # One workspace fills the org with long jobs before the others arrive.
+    # At twice the load the capacity can serve, workspaces borrow what others are guaranteed.
     trace = synthetic(SyntheticParams(jobs=30, workspaces=3, seed=3, gpus=16, load=2.0))
     result = simulate(trace, QueuePolicy.FAIR_SHARE, preemption=True)
 
     assert result.started == result.jobs
-    assert result.preempted_gpu_hours >= 0
-    assert (result.preempted > 0) == (result.preempted_gpu_hours > 0)
+    assert result.preempted > 0 and result.preempted_gpu_hours > 0
 
 
 def test_fair_allocation_fills_the_satisfied_first_and_splits_the_rest_by_weight():
