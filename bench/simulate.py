@@ -1,0 +1,608 @@
+"""Replay a workload through the real admission code, on PostgreSQL, on a simulated clock, and
+measure what each queue policy makes of it.
+
+    .venv/bin/python bench/simulate.py --trace synthetic [--jobs 2000 --workspaces 20 …]
+    .venv/bin/python bench/simulate.py --trace openb [--capacity-scale 0.01 --jobs N …]
+    … [--policy fair_share|all] [--preemption] [--predictions 200] [--seed 1]
+
+For each policy (``all``: every value of ``QueuePolicy``, so a policy added there is simulated
+without change here) a fresh organisation is built: N workspaces with the trace's guarantees,
+an ``OrgQuota`` with its capacity and the policy. The jobs are real ``Job`` rows, created in
+bulk at their arrival time, and they move through the real transitions: ``admission.admit`` (the
+pass a worker runs) admits them to ``launching``, then they move to ``running`` and, when their
+run time is up, to ``succeeded`` (releasing their reservations). What talks to Ray or Celery is
+left out: launching and following a cluster become two writes (the attempt's state and the
+job's transition), launching takes no time, and the tasks the transitions send on commit go to
+kombu's in-memory broker, where nothing consumes them.
+
+Time is simulated: ``django.utils.timezone.now`` is the simulated clock in this process, so the
+rows' timestamps, the balanced policy's patience and the prediction all read it. The loop goes
+from event to event (the next arrival or the next end): it ends what has ended, creates what
+has arrived, and runs one admission pass, as the transitions' hooks would trigger; a pass that
+preempted jobs is followed by another (their return to the queue triggers one). A pass with
+nothing queued is skipped: it could admit nothing.
+
+Per policy it prints:
+
+- utilisation while queued: GPU-time held ÷ (GPU capacity × time), over the time at least one
+  job is queued;
+- waits (first start − arrival): overall p50/p95, and each workspace's p50 and p95 summarised
+  as min/median/max across workspaces;
+- Jain's fairness index under contention: while a job is queued, each workspace's fair GPU
+  allocation is the weighted max-min (water-filling) share of the capacity given its demand
+  (what it holds plus what it has queued), weighted by its GPU guarantee; its normalised share
+  is what it holds ÷ that; Jain = (Σx)² ÷ (n·Σx²) over the n workspaces with demand (1 when
+  every one holds exactly its fair share), time-weighted over the intervals with n ≥ 2;
+- preempted GPU-hours: GPU × time run by the attempts that preemption ended (work lost);
+- the prediction error: for every k-th job, ``predict_start`` at its submission (before the
+  pass that follows it); its p50 wait against the actual one, |error| ÷ actual wait, median and
+  p90, over the jobs that waited at least ``--min-wait`` seconds (the others are counted apart:
+  a relative error of a wait near 0 means nothing);
+- the replay's speed: simulated jobs ÷ wall seconds of the replay (predictions not counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import heapq
+import math
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from unittest import mock
+
+from common import percentile
+from traces import OPENB_DIR, SyntheticParams, Trace, openb, synthetic
+
+EPOCH = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)  # simulated second 0
+# SyntheticParams with a flag of their own (the others have theirs above).
+SYNTHETIC_FLAGS = [
+    f.name
+    for f in dataclasses.fields(SyntheticParams)
+    if f.name not in ("jobs", "workspaces", "seed", "guaranteed", "gpu_sizes", "priorities")
+]
+MAX_PASSES_PER_EVENT = 50  # passes that preempt trigger another; a bound, never reached so far
+
+
+# --- the organisation -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class World:
+    org_id: int
+    owner_id: int
+    workspace_ids: list[int]
+    versions: dict[str, int]  # template name → version id
+
+
+def build(trace: Trace, policy: str, *, preemption: bool, slug: str) -> World:
+    """An organisation for one replay: its quota, the workspaces with their guarantees, and a
+    template (one version) for each template the trace names. Workspaces launch on a target
+    that is not this host, so only the organisation's capacity binds."""
+    from audit.context import Actor
+    from jobs.models import JobTemplate, JobTemplateVersion
+    from quotas.models import OrgQuota, WorkspaceQuota
+    from workspaces import services
+    from workspaces.models import Workspace
+
+    system = Actor.system("simulate")
+    org, owner = services.org_create(actor=system, slug=slug, name="", owner_email=f"o@{slug}.t")
+    OrgQuota.objects.create(
+        organization=org, policy=policy, preemption=preemption, **trace.capacity
+    )
+    # A victim leaves at once: the replay has no driver to give a grace period to.
+    type(org).objects.filter(pk=org.pk).update(preemption_grace_seconds=0)
+    workspaces = []
+    for index, guarantee in enumerate(trace.guarantees):
+        ws = services.workspace_create(actor=system, organization=org, slug=f"w{index}")
+        WorkspaceQuota.objects.create(
+            workspace=ws, **{f"guaranteed_{name}": amount for name, amount in guarantee.items()}
+        )
+        workspaces.append(ws)
+    Workspace.objects.filter(organization=org).update(compute_target="cluster")
+    names = sorted({(task.workspace, task.template) for task in trace.tasks})
+    templates = JobTemplate.objects.bulk_create(
+        JobTemplate(organization=org, workspace=workspaces[ws], name=name[:100], latest_version=1)
+        for ws, name in names
+    )
+    versions = JobTemplateVersion.objects.bulk_create(
+        JobTemplateVersion(template=template, version=1, spec={}) for template in templates
+    )
+    return World(
+        org.pk,
+        owner.pk,
+        [ws.pk for ws in workspaces],
+        {name: version.pk for (_, name), version in zip(names, versions, strict=True)},
+    )
+
+
+class Clock:
+    """The simulated present, in seconds from :data:`EPOCH`."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def now(self) -> dt.datetime:
+        return EPOCH + dt.timedelta(seconds=self.seconds)
+
+
+@contextmanager
+def simulated(clock: Clock) -> Iterator[None]:
+    from django.utils import timezone
+
+    with mock.patch.object(timezone, "now", clock.now):
+        yield
+
+
+# --- the replay -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Result:
+    policy: str
+    jobs: int
+    started: int
+    waits: dict[int, list[float]]  # workspace index → waits of its jobs (seconds)
+    first_starts: list[float | None]  # per task, seconds; None when it never started
+    utilisation: float  # while queued
+    queued_seconds: float  # how long at least one job was queued
+    jain: float
+    contended_seconds: float  # the time Jain is averaged over
+    preempted: int  # attempts ended by preemption
+    preempted_gpu_hours: float
+    predictions: list[tuple[float, float | None]]  # (actual wait, predicted p50 wait) seconds
+    prediction_seconds: float  # wall time spent predicting
+    wall_seconds: float  # wall time of the replay, predictions excluded
+    passes: int
+
+    def all_waits(self) -> list[float]:
+        return [wait for waits in self.waits.values() for wait in waits]
+
+
+def fair_allocation(demand: dict[int, float], weight: dict[int, float], capacity: float):
+    """Weighted max-min fair split of ``capacity`` among workspaces with ``demand`` (water
+    filling): a workspace gets its demand or its weight's share of what is left, whichever is
+    less."""
+    alloc: dict[int, float] = {}
+    active = {ws for ws, need in demand.items() if need > 0 and weight.get(ws, 0) > 0}
+    left = capacity
+    while active:
+        level = left / sum(weight[ws] for ws in active)
+        satisfied = {ws for ws in active if demand[ws] <= level * weight[ws]}
+        if not satisfied:
+            alloc.update({ws: level * weight[ws] for ws in active})
+            break
+        for ws in satisfied:
+            alloc[ws] = demand[ws]
+            left -= demand[ws]
+        active -= satisfied
+    return alloc
+
+
+def jain(shares: list[float]) -> float:
+    """Jain's index of ``shares``: 1 when all are equal, 1/n when one holds everything."""
+    total, squares = sum(shares), sum(x * x for x in shares)
+    return 1.0 if squares == 0 else total * total / (len(shares) * squares)
+
+
+class Replay:
+    """One policy's replay of a trace; :meth:`run` returns its :class:`Result`."""
+
+    def __init__(
+        self, trace: Trace, world: World, policy: str, *, preemption: bool, predictions: int = 0
+    ):
+        self.trace, self.world, self.policy = trace, world, policy
+        self.preemption = preemption
+        self.clock = Clock()
+        n = len(trace.tasks)
+        stride = max(1, n // predictions) if predictions else 0
+        self.sampled = set(range(0, n, stride)[:predictions]) if stride else set()
+        self.job_ids: list[int | None] = [None] * n
+        self.index: dict[int, int] = {}  # job id → task index
+        self.first_start: list[float | None] = [None] * n
+        self.attempt = [0] * n  # bumped at each start: an end event of an older one is stale
+        self.started_at = [0.0] * n
+        self.queued: set[int] = set()  # task indices
+        self.running: set[int] = set()
+        self.ends: list[tuple[float, int, int]] = []  # (end, task index, attempt)
+        self.held = defaultdict(float)  # workspace index → GPUs held
+        self.waiting_gpu = defaultdict(float)  # workspace index → GPUs queued
+        self.predicted: dict[int, float | None] = {}
+        self.prediction_seconds = 0.0
+        self.passes = self.preempted = 0
+        self.preempted_gpu_seconds = 0.0
+        self.last_event_id = 0
+        self.queued_time = self.used_gpu_time = 0.0
+        self.contended_time = self.jain_time = 0.0
+        self.weights = {ws: g["gpu"] for ws, g in enumerate(trace.guarantees)}
+
+    # --- the loop
+
+    def run(self) -> Result:
+        tasks = self.trace.tasks
+        arrived, last = 0, tasks[0].arrival if tasks else 0.0
+        started = time.perf_counter()
+        with simulated(self.clock):
+            while arrived < len(tasks) or self.ends:
+                now = min(
+                    tasks[arrived].arrival if arrived < len(tasks) else math.inf,
+                    self.ends[0][0] if self.ends else math.inf,
+                )
+                self._account(last, now)
+                self.clock.seconds = last = now
+                self._end_due(now)
+                new = []
+                while arrived < len(tasks) and tasks[arrived].arrival <= now:
+                    new.append(arrived)
+                    arrived += 1
+                if new:
+                    self._arrive(new)
+                if self.queued:
+                    self._admit()
+        wall = time.perf_counter() - started - self.prediction_seconds
+        waits: dict[int, list[float]] = defaultdict(list)
+        for index, task in enumerate(tasks):
+            if self.first_start[index] is not None:
+                waits[task.workspace].append(self.first_start[index] - task.arrival)
+        predictions = [
+            (self.first_start[index] - tasks[index].arrival, predicted)
+            for index, predicted in self.predicted.items()
+            if self.first_start[index] is not None
+        ]
+        return Result(
+            policy=self.policy,
+            jobs=len(tasks),
+            started=sum(start is not None for start in self.first_start),
+            waits=dict(waits),
+            first_starts=list(self.first_start),
+            utilisation=(
+                self.used_gpu_time / (self.trace.capacity["gpu"] * self.queued_time)
+                if self.queued_time
+                else 0.0
+            ),
+            queued_seconds=self.queued_time,
+            jain=self.jain_time / self.contended_time if self.contended_time else 1.0,
+            contended_seconds=self.contended_time,
+            preempted=self.preempted,
+            preempted_gpu_hours=self.preempted_gpu_seconds / 3600,
+            predictions=predictions,
+            prediction_seconds=self.prediction_seconds,
+            wall_seconds=wall,
+            passes=self.passes,
+        )
+
+    def _account(self, since: float, until: float) -> None:
+        """Count the interval [since, until), in which nothing changed, into the metrics."""
+        span = until - since
+        if span <= 0 or not self.queued:
+            return
+        self.queued_time += span
+        self.used_gpu_time += sum(self.held.values()) * span
+        demand = {
+            ws: self.held[ws] + self.waiting_gpu[ws]
+            for ws in set(self.held) | set(self.waiting_gpu)
+            if self.held[ws] + self.waiting_gpu[ws] > 1e-9
+        }
+        fair = fair_allocation(demand, self.weights, self.trace.capacity["gpu"])
+        if len(fair) >= 2:
+            self.contended_time += span
+            self.jain_time += jain([self.held[ws] / fair[ws] for ws in fair]) * span
+
+    # --- the transitions
+
+    def _arrive(self, new: list[int]) -> None:
+        """Submit the tasks that arrived now: queued Job rows, in bulk."""
+        from jobs.models import Job, JobState
+
+        tasks, world, now = self.trace.tasks, self.world, self.clock.now()
+        rows = Job.objects.bulk_create(
+            Job(
+                organization_id=world.org_id,
+                workspace_id=world.workspace_ids[tasks[i].workspace],
+                template_version_id=world.versions[tasks[i].template],
+                name=tasks[i].name,
+                state=JobState.QUEUED,
+                spec={
+                    "max_runtime_seconds": tasks[i].max_runtime,
+                    "max_retries": 0,
+                    "priority": tasks[i].priority,
+                },
+                requested_cpu=tasks[i].cpu,
+                requested_memory_gb=tasks[i].memory_gb,
+                requested_gpu=tasks[i].gpu,
+                requested_disk_gb=0,
+                priority=tasks[i].priority,
+                submitted_by_id=world.owner_id,
+                queued_at=now,
+            )
+            for i in new
+        )
+        for i, row in zip(new, rows, strict=True):
+            self.job_ids[i] = row.pk
+            self.index[row.pk] = i
+            self._enqueue(i)
+        for i, row in zip(new, rows, strict=True):
+            if i in self.sampled:
+                self._predict(i, row)
+
+    def _predict(self, i: int, job) -> None:
+        from jobs.prediction import predict_start
+
+        started = time.perf_counter()
+        prediction = predict_start(job, now=self.clock.now())
+        self.prediction_seconds += time.perf_counter() - started
+        self.predicted[i] = (
+            None if prediction.p50 is None else (prediction.p50 - job.queued_at).total_seconds()
+        )
+
+    def _enqueue(self, i: int) -> None:
+        self.queued.add(i)
+        self.waiting_gpu[self.trace.tasks[i].workspace] += self.trace.tasks[i].gpu
+
+    def _admit(self) -> None:
+        """Admission passes, as the workers run them, until one preempts nothing."""
+        from jobs import admission
+
+        for _ in range(MAX_PASSES_PER_EVENT):
+            self.passes += 1
+            admitted = admission.admit(self.world.org_id)
+            preempted = self.preemption and self._preempted()
+            if admitted:
+                self._start([self.index[pk] for pk in admitted])
+            if not preempted or not self.queued:
+                return
+
+    def _start(self, started: list[int]) -> None:
+        """What a launch and its follower write when the cluster is up: the attempt and the
+        job are running (no launch time is simulated)."""
+        from django.db import transaction
+
+        from jobs.attempts import SYSTEM
+        from jobs.models import AttemptState, Job, JobAttempt, JobState
+        from jobs.state import transition
+
+        now, tasks = self.clock.seconds, self.trace.tasks
+        ids = [self.job_ids[i] for i in started]
+        with transaction.atomic():
+            JobAttempt.objects.filter(job_id__in=ids, state=AttemptState.LAUNCHING).update(
+                state=AttemptState.RUNNING, running_at=self.clock.now()
+            )
+            transition([Job(pk=pk) for pk in ids], JobState.RUNNING, actor=SYSTEM)
+        for i in started:
+            task = tasks[i]
+            self.queued.discard(i)
+            self.waiting_gpu[task.workspace] -= task.gpu
+            self.held[task.workspace] += task.gpu
+            self.running.add(i)
+            self.attempt[i] += 1
+            self.started_at[i] = now
+            if self.first_start[i] is None:
+                self.first_start[i] = now
+            heapq.heappush(self.ends, (now + task.runtime, i, self.attempt[i]))
+
+    def _end_due(self, now: float) -> None:
+        """End the runs whose time is up: what the follower writes when Ray says succeeded (the
+        attempt ends, the job's transition releases its reservation)."""
+        from django.db import transaction
+
+        from jobs.attempts import SYSTEM
+        from jobs.models import ATTEMPT_ACTIVE, AttemptState, Job, JobAttempt, JobState
+        from jobs.state import transition
+
+        due = []
+        while self.ends and self.ends[0][0] <= now:
+            _, i, attempt = heapq.heappop(self.ends)
+            if i in self.running and attempt == self.attempt[i]:
+                due.append(i)
+        if not due:
+            return
+        ids = [self.job_ids[i] for i in due]
+        with transaction.atomic():
+            JobAttempt.objects.filter(job_id__in=ids, state__in=ATTEMPT_ACTIVE).update(
+                state=AttemptState.SUCCEEDED, finished_at=self.clock.now()
+            )
+            transition([Job(pk=pk) for pk in ids], JobState.SUCCEEDED, actor=SYSTEM)
+        for i in due:
+            self.running.discard(i)
+            self.held[self.trace.tasks[i].workspace] -= self.trace.tasks[i].gpu
+
+    def _preempted(self) -> bool:
+        """Account the runs the last pass preempted (their jobs are queued again)."""
+        from jobs.models import JobEvent
+
+        events = JobEvent.objects.filter(
+            pk__gt=self.last_event_id, kind="preempted", job__organization_id=self.world.org_id
+        ).values_list("pk", "job_id")
+        found = False
+        for pk, job_id in events:
+            self.last_event_id = max(self.last_event_id, pk)
+            i = self.index[job_id]
+            if i not in self.running:
+                continue
+            task, found = self.trace.tasks[i], True
+            self.running.discard(i)
+            self.held[task.workspace] -= task.gpu
+            self.preempted += 1
+            self.preempted_gpu_seconds += task.gpu * (self.clock.seconds - self.started_at[i])
+            self._enqueue(i)
+        return found
+
+
+def simulate(
+    trace: Trace, policy: str, *, preemption: bool = False, predictions: int = 0, slug: str = ""
+) -> Result:
+    """Replay ``trace`` under ``policy`` in a new organisation of the configured database."""
+    from jobs.models import JobEvent
+
+    world = build(
+        trace, policy, preemption=preemption, slug=slug or f"sim-{policy.replace('_', '-')}"
+    )
+    replay = Replay(trace, world, policy, preemption=preemption, predictions=predictions)
+    replay.last_event_id = (
+        JobEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+    )
+    return replay.run()
+
+
+# --- the report -----------------------------------------------------------------------------
+
+
+def summary(result: Result, min_wait: float) -> dict[str, str]:
+    """The figures of one replay, as the table prints them."""
+    everyone = sorted(result.all_waits())
+    p50s = sorted(percentile(w, 50) for w in result.waits.values())
+    p95s = sorted(percentile(w, 95) for w in result.waits.values())
+    errors = sorted(
+        abs(predicted - actual) / actual
+        for actual, predicted in result.predictions
+        if predicted is not None and actual >= min_wait
+    )
+    short = [(a, p) for a, p in result.predictions if a < min_wait]
+    unknown = sum(p is None for _, p in result.predictions)
+
+    def span(values: list[float]) -> str:
+        return "/".join(_duration(v) for v in (values[0], statistics.median(values), values[-1]))
+
+    return {
+        "policy": result.policy,
+        "started": f"{result.started}/{result.jobs}",
+        "util while queued": f"{result.utilisation:.1%}",
+        "wait p50": _duration(percentile(everyone, 50)) if everyone else "-",
+        "wait p95": _duration(percentile(everyone, 95)) if everyone else "-",
+        "ws p50 min/med/max": span(p50s) if p50s else "-",
+        "ws p95 min/med/max": span(p95s) if p95s else "-",
+        "Jain": f"{result.jain:.3f}",
+        "preempted GPU-h": f"{result.preempted_gpu_hours:.1f} ({result.preempted})",
+        "pred err p50": f"{percentile(errors, 50):.0%}" if errors else "-",
+        "pred err p90": f"{percentile(errors, 90):.0%}" if errors else "-",
+        "pred n": f"{len(errors)}+{len(short)}<{min_wait:g}s" + (f",{unknown}?" if unknown else ""),
+        "jobs/s": f"{result.jobs / result.wall_seconds:.0f}",
+    }
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 100:
+        return f"{seconds:.0f}s"
+    if seconds < 6000:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def print_table(rows: list[dict[str, str]]) -> None:
+    """A Markdown table (docs/simulation.md holds them as printed)."""
+    columns = list(rows[0])
+    widths = {c: max(len(c), *(len(row[c]) for row in rows)) for c in columns}
+    print("| " + " | ".join(c.ljust(widths[c]) for c in columns) + " |")
+    print("|" + "|".join("-" * (widths[c] + 2) for c in columns) + "|")
+    for row in rows:
+        print("| " + " | ".join(row[c].ljust(widths[c]) for c in columns) + " |")
+
+
+def short_prediction_report(result: Result, min_wait: float) -> str:
+    """How the predictions of jobs that barely waited fared (absolute error)."""
+    short = [(a, p) for a, p in result.predictions if a < min_wait and p is not None]
+    if not short:
+        return ""
+    exact = sum(abs(p - a) < 1 for a, p in short)
+    errors = sorted(abs(p - a) for a, p in short)
+    return (
+        f"  {result.policy}: {len(short)} sampled jobs waited < {min_wait:g} s; "
+        f"{exact} predicted within 1 s, abs error p50 {_duration(percentile(errors, 50))}, "
+        f"p90 {_duration(percentile(errors, 90))}; "
+        f"{result.prediction_seconds / max(1, len(result.predictions)) * 1000:.0f} ms "
+        "per prediction"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    defaults = SyntheticParams()
+    parser.add_argument("--trace", choices=("synthetic", "openb"), default="synthetic")
+    parser.add_argument("--policy", default="all", help="a queue policy, or all")
+    parser.add_argument("--workspaces", type=int, default=20)
+    parser.add_argument("--jobs", type=int, default=None, help="synthetic: 2000; openb: all")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--database", default="manta_bench_simulate", help="dropped and made anew")
+    parser.add_argument("--preemption", action="store_true", help="the org preempts borrowers")
+    parser.add_argument(
+        "--predictions", type=int, default=200, help="jobs whose start is predicted"
+    )
+    parser.add_argument("--min-wait", type=float, default=60, help="seconds; see the docstring")
+    parser.add_argument("--guaranteed", type=float, default=defaults.guaranteed,
+                        help="Σ guarantees ÷ capacity")  # fmt: skip
+    openb_args = parser.add_argument_group("openb")
+    openb_args.add_argument("--openb-dir", default=str(OPENB_DIR))
+    openb_args.add_argument("--capacity-scale", type=float, default=0.01)
+    synth = parser.add_argument_group("synthetic (see SyntheticParams in bench/traces.py)")
+    for name in SYNTHETIC_FLAGS:
+        default = getattr(defaults, name)
+        synth.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    synth.add_argument("--gpu-sizes", default="1,2,4,8")
+    synth.add_argument("--priorities", default="3:0.1,5:0.8,7:0.1", help="level:weight,…")
+    args = parser.parse_args()
+
+    from common import configure
+
+    configure(
+        args.database,
+        CELERY_BROKER_URL="memory://",
+        LOG_LEVEL="ERROR",
+        MANTA_LOCAL_CAPACITY="cpu=1000000,memory_gb=1000000,gpu=1000000",
+    )
+    from quotas.models import QueuePolicy
+
+    if args.trace == "synthetic":
+        params = SyntheticParams(
+            jobs=args.jobs or defaults.jobs,
+            workspaces=args.workspaces,
+            seed=args.seed,
+            guaranteed=args.guaranteed,
+            gpu_sizes=tuple(int(size) for size in args.gpu_sizes.split(",")),
+            priorities=tuple(
+                (int(level), float(weight))
+                for level, weight in (item.split(":") for item in args.priorities.split(","))
+            ),
+            **{name: getattr(args, name) for name in SYNTHETIC_FLAGS},
+        )
+        trace = synthetic(params)
+    else:
+        from pathlib import Path
+
+        trace = openb(
+            Path(args.openb_dir),
+            workspaces=args.workspaces,
+            jobs=args.jobs,
+            capacity_scale=args.capacity_scale,
+            guaranteed=args.guaranteed,
+        )
+    policies = list(QueuePolicy.values) if args.policy == "all" else [args.policy]
+    print(trace.description + (", preemption on" if args.preemption else ""))
+    rows, results = [], []
+    for policy in policies:
+        result = simulate(trace, policy, preemption=args.preemption, predictions=args.predictions)
+        results.append(result)
+        rows.append(summary(result, args.min_wait))
+        print(
+            f"  {policy}: {result.jobs} jobs in {result.wall_seconds:.1f} s "
+            f"({result.jobs / result.wall_seconds:.0f} jobs/s, {result.passes} passes), "
+            f"queued {result.queued_seconds / 3600:.1f} h of simulated time, "
+            f"contended {result.contended_seconds / 3600:.1f} h",
+            flush=True,
+        )
+    print()
+    print_table(rows)
+    print()
+    for result in results:
+        line = short_prediction_report(result, args.min_wait)
+        if line:
+            print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The scheduling simulator (bench/simulate.py): a small synthetic replay through the real
+admission pass under every policy gives sane figures, and the OpenB loader reads the real trace."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.models import Job, JobState
+from quotas.models import QueuePolicy
+from quotas.selectors import active_reservations
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from simulate import fair_allocation, jain, simulate
+from traces import OPENB_DIR, SyntheticParams, openb, openb_gpu, synthetic
+
+SMALL = SyntheticParams(jobs=40, workspaces=3, seed=7, gpus=16, load=1.5)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("policy", QueuePolicy.values)
+def test_a_small_replay_is_sane_under_every_policy(policy):
+    trace = synthetic(SMALL)
+    result = simulate(trace, policy, predictions=5)
+
+    assert result.started == result.jobs == 40  # every job starts
+    assert result.queued_seconds > 0  # the load made work queue
+    assert 0 <= result.utilisation <= 1 + 1e-9
+    assert all(wait >= 0 for wait in result.all_waits())
+    assert 0 < result.jain <= 1 + 1e-9
+    assert result.preempted == 0 and result.preempted_gpu_hours == 0
+    assert len(result.predictions) == 5
+    # The jobs went through the real transitions: all succeeded, nothing is held any more.
+    jobs = Job.objects.filter(organization__slug=f"sim-{policy.replace('_', '-')}")
+    assert set(jobs.values_list("state", flat=True)) == {JobState.SUCCEEDED}
+    assert not active_reservations().filter(job__in=jobs).exists()
+    if policy == QueuePolicy.FIFO:
+        order = sorted(range(len(trace.tasks)), key=lambda i: trace.tasks[i].arrival)
+        last_start: dict[int, float] = {}
+        for i in order:  # arrival order, and ids in the same order
+            priority, start = trace.tasks[i].priority, result.first_starts[i]
+            assert start >= last_start.get(priority, 0.0), "fifo overtook an earlier job"
+            last_start[priority] = start
+
+
+@pytest.mark.django_db
+def test_preemption_gives_guarantees_back_and_counts_the_work_lost():
+    # At twice the load the capacity can serve, workspaces borrow what others are guaranteed.
+    trace = synthetic(SyntheticParams(jobs=30, workspaces=3, seed=3, gpus=16, load=2.0))
+    result = simulate(trace, QueuePolicy.FAIR_SHARE, preemption=True)
+
+    assert result.started == result.jobs
+    assert result.preempted > 0 and result.preempted_gpu_hours > 0
+
+
+def test_fair_allocation_fills_the_satisfied_first_and_splits_the_rest_by_weight():
+    alloc = fair_allocation({1: 2.0, 2: 100.0, 3: 100.0}, {1: 1.0, 2: 1.0, 3: 3.0}, 10.0)
+    assert alloc == pytest.approx({1: 2.0, 2: 2.0, 3: 6.0})
+    assert fair_allocation({1: 0.0}, {1: 1.0}, 10.0) == {}
+
+
+def test_jain_is_one_when_equal_and_one_over_n_when_one_holds_everything():
+    assert jain([1.0, 1.0, 1.0]) == pytest.approx(1.0)
+    assert jain([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+
+
+def test_synthetic_traces_are_seeded():
+    assert synthetic(SMALL).tasks == synthetic(SMALL).tasks
+    other = synthetic(SyntheticParams(jobs=60, workspaces=3, seed=8))
+    assert other.tasks != synthetic(SMALL).tasks
+
+
+@pytest.mark.skipif(
+    not OPENB_DIR.exists(), reason=f"the OpenB trace is not at {OPENB_DIR} (../shared is absent)"
+)
+def test_the_openb_loader_reads_the_real_trace():
+    trace = openb(workspaces=7, capacity_scale=0.5)
+
+    assert len(trace.tasks) == 8152 - 897  # the 897 tasks never scheduled are skipped
+    assert trace.capacity["gpu"] == pytest.approx(6212 * 0.5)
+    assert {task.priority for task in trace.tasks} == {9, 7, 5, 3}
+    assert any(0 < task.gpu < 1 for task in trace.tasks)  # GPU-sharing tasks
+    assert max(task.gpu for task in trace.tasks) == 8
+    assert all(task.runtime >= 1 for task in trace.tasks)
+    assert [t.arrival for t in trace.tasks] == sorted(t.arrival for t in trace.tasks)
+    assert {task.workspace for task in trace.tasks} == set(range(7))
+    for name in ("cpu", "memory_gb", "gpu"):
+        total = sum(g[name] for g in trace.guarantees)
+        assert total == pytest.approx(trace.capacity[name])
+    assert openb_gpu(1, 460) == 0.46 and openb_gpu(2, 1000) == 2 and openb_gpu(0, 0) == 0
+
+
+@pytest.mark.skipif(not OPENB_DIR.exists(), reason=f"the OpenB trace is not at {OPENB_DIR}")
+def test_an_openb_sample_keeps_the_load():
+    full, sample = openb(capacity_scale=0.01), openb(capacity_scale=0.01, jobs=1000)
+
+    assert len(sample.tasks) == 1000
+    assert sample.tasks[0] == full.tasks[0]
+    assert sample.capacity["gpu"] == pytest.approx(full.capacity["gpu"] * 1000 / len(full.tasks))
