@@ -49,7 +49,14 @@ from notifications.models import (
 )
 from outbox.models import DomainEvent
 from packages.models import CodePackage, CodeSource
-from quotas.models import AdmissionRequests, BudgetAlert, OrgQuota, Reservation, WorkspaceQuota
+from quotas.models import (
+    AdmissionRequests,
+    BudgetAlert,
+    FairShareUsage,
+    OrgQuota,
+    Reservation,
+    WorkspaceQuota,
+)
 from workspaces import invitations
 from workspaces import services as ws_services
 from workspaces.identity import TOKEN_PREFIX, sync_staff, token_hash
@@ -636,6 +643,18 @@ class WorkspaceQuotaFactory(DjangoModelFactory):
         model = WorkspaceQuota
 
     workspace = factory.SubFactory(WorkspaceFactory)
+
+
+class FairShareUsageFactory(DjangoModelFactory):
+    """A workspace's decayed past usage for fair share: an hour of one GPU, as of now."""
+
+    class Meta:
+        model = FairShareUsage
+
+    workspace = factory.SubFactory(WorkspaceFactory)
+    organization = factory.LazyAttribute(lambda usage: usage.workspace.organization)
+    gpu = 3600.0
+    as_of = factory.LazyFunction(timezone.now)
 
 
 class ReservationFactory(DjangoModelFactory):
