@@ -142,7 +142,7 @@ def plan(
     queue = queue or DatabaseQueue(organization_id)
     now = now or timezone.now()
     if policy == QueuePolicy.FAIR_SHARE:
-        return _plan_fair_share(ledger, queue, now)
+        return _plan_fair_share(ledger, queue, now, max_wait)
     admitted: list[Job] = []
     misses = 0
     for job in queue.jobs():
@@ -189,10 +189,18 @@ def _fair_key(ledger: Ledger, ws_id: int, job: Job, now: dt.datetime) -> tuple:
     return (ledger.fair_share_key(ws_id, now), -job.priority, job.queued_at, job.pk, ws_id, job)
 
 
-def _plan_fair_share(ledger: Ledger, queue: DatabaseQueue, now: dt.datetime) -> list[Job]:
+def _plan_fair_share(
+    ledger: Ledger, queue: DatabaseQueue, now: dt.datetime, max_wait: float
+) -> list[Job]:
     """Next job from the workspace with the lowest fair-share key (``Ledger.fair_share_key``:
     its share now plus its decayed past usage, over its weight), until no workspace's head
-    fits; each workspace's queue is read on demand."""
+    fits; each workspace's queue is read on demand.
+
+    A head that does not fit lets the others go first, until it has waited ``max_wait``
+    seconds (the org's ``balanced_max_wait_seconds``): from then on it holds back the resources
+    the organisation is short of for it, and no job that needs them starts before it. Without
+    that, a deserving workspace's 8-GPU job would wait for ever behind a stream of 1-GPU jobs
+    of workspaces that have more (Slurm's backfill reservation, without run-time estimates)."""
     queues = {ws: queue.jobs(ws) for ws in queue.workspace_ids()}
     # A heap of each workspace's head, keyed by its workspace's fair-share key: only the
     # workspace that just got a job changes its share (its past usage is fixed for the pass),
@@ -203,9 +211,14 @@ def _plan_fair_share(ledger: Ledger, queue: DatabaseQueue, now: dt.datetime) -> 
         if head is not None:
             heapq.heappush(heap, _fair_key(ledger, ws, head, now))
     admitted: list[Job] = []
+    held_back: set[str] = set()
     while heap:
         *_, ws_id, job = heapq.heappop(heap)
+        if any(job.requested[name] for name in held_back):
+            continue  # it needs what a job ahead of it has waited too long for
         if ledger.blocker(job):
+            if _waited(job, now) > max_wait and not ledger.workspace_blocker(job):
+                held_back.update(ledger.short_of(job) or RESOURCES)
             continue  # its head does not fit: the workspace waits this pass
         ledger.hold(job)
         admitted.append(job)

@@ -124,6 +124,29 @@ def fair(two_workspaces):
     return world, spaces, templates
 
 
+@pytest.mark.parametrize("waited_minutes, backfilled", [(5, True), (30, False)])
+def test_a_big_head_that_waited_too_long_is_not_starved_by_small_jobs(
+    two_workspaces, waited_minutes, backfilled
+):
+    # Capacity 4 GPUs, 2 guaranteed to each; other runs 2. ml holds nothing, so its 4-GPU head
+    # comes first but does not fit, and other's 1-GPU jobs could take the 2 free GPUs. Until
+    # it has waited balanced_max_wait_seconds (10 min) they may; after that they wait for it.
+    world, spaces, templates = two_workspaces
+    for ws in spaces.values():
+        WorkspaceQuota.objects.create(workspace=ws, guaranteed_gpu=2)
+    setup_quota(world, 4, "fair_share", balanced_max_wait_seconds=600)
+    running(world, spaces["other"], templates["other"], 2)
+    big = queue_job(world, spaces["ml"], templates["ml"], 4, minutes_ago=waited_minutes)
+    small = [
+        queue_job(world, spaces["other"], templates["other"], 1, minutes_ago=1) for _ in range(2)
+    ]
+    if backfilled:
+        assert admitted(world) == small
+    else:
+        assert admitted(world) == []
+        assert still_queued(big, *small)
+
+
 def test_the_workspace_that_used_more_waits_behind_the_one_that_did_not(fair):
     world, spaces, templates = fair
     used(world, spaces["ml"], templates["ml"], 2, hours=20)
