@@ -197,10 +197,12 @@ def _plan_fair_share(
     fits; each workspace's queue is read on demand.
 
     A head that does not fit lets the others go first, until it has waited ``max_wait``
-    seconds (the org's ``balanced_max_wait_seconds``): from then on it holds back the resources
-    the organisation is short of for it, and no job that needs them starts before it. Without
-    that, a deserving workspace's 8-GPU job would wait for ever behind a stream of 1-GPU jobs
-    of workspaces that have more (Slurm's backfill reservation, without run-time estimates)."""
+    seconds (the org's ``balanced_max_wait_seconds``): from then on, if its workspace is owed
+    it (:func:`_owed`), it holds back the resources the organisation is short of for it, and no
+    job that needs them starts before it. Without that, a workspace's 4-GPU job within its
+    guarantee would wait for ever behind a stream of 1-GPU jobs of workspaces that borrow
+    (Slurm's backfill reservation, without run-time estimates). A job beyond its workspace's
+    guarantee holds nothing back: capacity would idle for a job nobody owes."""
     queues = {ws: queue.jobs(ws) for ws in queue.workspace_ids()}
     # A heap of each workspace's head, keyed by its workspace's fair-share key: only the
     # workspace that just got a job changes its share (its past usage is fixed for the pass),
@@ -217,7 +219,7 @@ def _plan_fair_share(
         if any(job.requested[name] for name in held_back):
             continue  # it needs what a job ahead of it has waited too long for
         if ledger.blocker(job):
-            if _waited(job, now) > max_wait and not ledger.workspace_blocker(job):
+            if _waited(job, now) > max_wait and _owed(ledger, job):
                 held_back.update(ledger.short_of(job) or RESOURCES)
             continue  # its head does not fit: the workspace waits this pass
         ledger.hold(job)
@@ -226,6 +228,12 @@ def _plan_fair_share(
         if following is not None:
             heapq.heappush(heap, _fair_key(ledger, ws_id, following, now))
     return admitted
+
+
+def _owed(ledger: Ledger, job: Job) -> bool:
+    """Whether ``job`` waits only for what others hold and stays within its workspace's
+    guarantee: capacity its workspace is owed."""
+    return not ledger.workspace_blocker(job) and ledger.within_guarantee(job)
 
 
 # --- the pass ------------------------------------------------------------------------------
