@@ -107,6 +107,7 @@ def launch_request(
             "manta.dev/attempt": str(attempt.number),
         },
         target_config=target.config,
+        gpu_flavor=attempt.gpu_flavor,
     )
 
 
