@@ -26,14 +26,15 @@ def host_pool() -> Pool:
 
 
 def target_pool(target: ComputeTarget) -> Pool:
-    """What a target's config declares (``{"h100": {"count": 8, ...}}``), in its order."""
+    """What a target's config declares (``{"h100": {"count": 8, ...}}``), in name order (the
+    database keeps no order of JSON keys)."""
     declared = (target.config or {}).get("gpu_flavors") or {}
     if target.kind != ComputeTargetKind.KUBERAY or not declared:
         return UNTYPED_POOL
     return Pool(
         f"target:{target.organization_id}:{target.name}",
         f"compute target {target.name}",
-        {name: float(flavor["count"]) for name, flavor in declared.items()},
+        {name: float(declared[name]["count"]) for name in sorted(declared)},
     )
 
 

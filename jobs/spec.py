@@ -26,6 +26,7 @@ import re
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from packaging.requirements import InvalidRequirement, Requirement
 from rest_framework import serializers
 
@@ -243,6 +244,14 @@ class CodeSpec(StrictSerializer):
         return value
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "example": "h100"},
+            {"type": "array", "items": {"type": "string"}, "maxItems": MAX_GPU_FLAVORS},
+        ]
+    }
+)
 class GpuFlavorField(serializers.Field):
     """One GPU flavor (``"h100"``) or a list of acceptable ones in order of preference
     (``["h100", "a100"]``), held as a list."""

@@ -63,6 +63,18 @@ def reserved(workspace) -> dict[str, float]:
     return {name: held[name] or 0.0 for name in RESOURCES}
 
 
+def reserved_by_flavor(workspace) -> dict[str, float]:
+    """The GPUs the workspace's launching and running jobs hold, by GPU flavor."""
+    held = (
+        active_reservations()
+        .filter(workspace=workspace, gpu__gt=0)
+        .order_by()
+        .values_list("gpu_flavor")
+        .annotate(gpus=Sum("gpu"))
+    )
+    return dict(held)
+
+
 def ledger_for(
     organization_id: int,
     *,

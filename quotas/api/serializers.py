@@ -144,7 +144,18 @@ class ResourceAmounts(serializers.Serializer):
     disk_gb = serializers.FloatField(allow_null=True)
 
 
+class FlavorUsage(serializers.Serializer):
+    reserved = serializers.FloatField()
+    guaranteed = serializers.FloatField()
+    limit = serializers.FloatField(allow_null=True)
+    gpu_hours_this_month = serializers.FloatField()
+
+
 class UsageOutput(serializers.Serializer):
+    gpu_flavors = serializers.DictField(
+        child=FlavorUsage(),
+        help_text="Per GPU flavor the workspace has a quota of, holds or used this month",
+    )
     reserved = ResourceAmounts()
     guaranteed = ResourceAmounts()
     limit = ResourceAmounts()
