@@ -40,21 +40,23 @@ def target_pool(target: ComputeTarget) -> Pool:
 
 def gpu_pools(organization_id: int, on_host: set[int] | None = None) -> dict[int, Pool]:
     """Each of the organisation's workspaces' pools (``on_host``: its workspaces on this host,
-    when the caller has them). Two queries."""
+    when the caller has them); a workspace on an untyped target may be left out. One query,
+    and one more when a kuberay target of the organisation declares flavors."""
     on_host = workspaces_on_host(organization_id) if on_host is None else on_host
+    host = host_pool()
+    pools: dict[int, Pool] = dict.fromkeys(on_host, host)
     targets = {
         target.name: target
         for target in ComputeTarget.objects.filter(
             organization_id=organization_id, kind=ComputeTargetKind.KUBERAY
         )
+        if (target.config or {}).get("gpu_flavors")
     }
-    pools: dict[int, Pool] = {}
-    host = host_pool() if on_host else None
-    workspaces = Workspace.objects.filter(organization_id=organization_id)
-    for ws_id, name in workspaces.values_list("pk", "compute_target"):
-        if ws_id in on_host:
-            pools[ws_id] = host
-        elif name in targets:
+    if targets:
+        workspaces = Workspace.objects.filter(
+            organization_id=organization_id, compute_target__in=targets
+        ).exclude(pk__in=on_host)
+        for ws_id, name in workspaces.values_list("pk", "compute_target"):
             pools[ws_id] = target_pool(targets[name])
     return pools
 

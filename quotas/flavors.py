@@ -49,6 +49,14 @@ def acceptable(claim: Any) -> tuple[str, ...]:
     return tuple(getattr(claim, "gpu_flavors", ()) or ())
 
 
+def untracked_blocker(claim: Any) -> str:
+    """Why ``claim`` cannot fit where no pool or quota names a flavor ('' unless it names
+    one: then nothing offers it)."""
+    if not claim.requested["gpu"] or not acceptable(claim):
+        return ""
+    return FlavorBook({}, {}, {}).blocker(claim)
+
+
 @dataclasses.dataclass
 class FlavorBook:
     """What each flavor allows and holds, for one organisation's admission pass."""

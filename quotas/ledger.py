@@ -14,7 +14,7 @@ import datetime as dt
 import math
 from typing import Any, Protocol
 
-from .flavors import FlavorBook
+from .flavors import FlavorBook, untracked_blocker
 from .models import RESOURCES, OrgQuota, WorkspaceQuota
 
 EPSILON = 1e-9  # resources are floats: 0.1 + 0.2 must still fit under 0.3
@@ -154,9 +154,12 @@ class Ledger:
         )
 
     def flavor_blocker(self, claim: Claim) -> str:
-        """Why no GPU flavor the claim accepts fits ('' when one does, or flavors are not
-        counted): what no preemption changes yet, as flavors are not preempted."""
-        return self.flavors.blocker(claim) if self.flavors is not None else ""
+        """Why no GPU flavor the claim accepts fits ('' when one does): what no preemption
+        changes yet, as flavors are not preempted. Where no flavor is counted, only a claim
+        that names one is blocked: nothing offers it."""
+        if self.flavors is None:
+            return untracked_blocker(claim)
+        return self.flavors.blocker(claim)
 
     def host_blocker(self, claim: Claim) -> str:
         """What of the local host's capacity (shared by every organisation) stops it."""

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from django.conf import settings
 from django.db.models import Count, Sum
 
+from config.gpu_flavors import UNTYPED
+
 from .flavors import FlavorBook, Pool
 from .ledger import EPSILON, Ledger, PastUsage, Usage
 from .models import (
@@ -138,10 +140,25 @@ def flavor_book(
     ws_quotas: dict[int, WorkspaceQuota],
     pools: dict[int, Pool],
     host: str,
+) -> FlavorBook | None:
+    """What each GPU flavor allows and holds for the organisation (None when no pool and no
+    quota of it names a flavor: then flavors change nothing, and cost no query): its
+    reservations' GPUs by workspace and flavor, and on the shared host, every organisation's
+    by flavor (two queries, the second only when a workspace launches there)."""
+    typed = any(set(pool.flavors) - {UNTYPED} for pool in pools.values())
+    quoted = bool(org_q and org_q.gpu_flavors) or any(q.gpu_flavors for q in ws_quotas.values())
+    if not typed and not quoted:
+        return None
+    return _flavor_book(organization_id, org_q, ws_quotas, pools, host)
+
+
+def _flavor_book(
+    organization_id: int,
+    org_q: OrgQuota | None,
+    ws_quotas: dict[int, WorkspaceQuota],
+    pools: dict[int, Pool],
+    host: str,
 ) -> FlavorBook:
-    """What each GPU flavor allows and holds for the organisation: its reservations' GPUs by
-    workspace and flavor, and on the shared host, every organisation's by flavor (two
-    queries, the second only when a workspace launches there)."""
     book = FlavorBook(
         org_capacity=dict(org_q.gpu_flavors) if org_q else {},
         ws_quotas={ws: dict(q.gpu_flavors) for ws, q in ws_quotas.items() if q.gpu_flavors},
