@@ -13,10 +13,12 @@ from django.utils import timezone
 from audit.context import Actor
 from jobs import admission, local_host
 from jobs import services as job_services
+from jobs.metrics_snapshot import snapshot_refresh
 from jobs.models import Job, JobAttempt
 from quotas.models import OrgQuota, Reservation, WorkspaceQuota
 from tests.conftest import SYSTEM
 from tests.jobs.conftest import counter_spec
+from tests.jobs.test_metrics import samples, scrape, value
 from workspaces import services as ws_services
 
 JOBS = "/api/v1/orgs/acme/workspaces/ml/jobs/"
@@ -186,6 +188,15 @@ def test_usage_per_flavor(world, typed_host):
     assert flavors["h100"]["gpu_hours_this_month"] == pytest.approx(2.0, abs=0.01)
     assert flavors["a100"]["gpu_hours_this_month"] == pytest.approx(1.0, abs=0.01)
     assert usage["gpu_hours_this_month"] == pytest.approx(3.0, abs=0.02)
+
+    snapshot_refresh()
+    found = samples(scrape())
+    tenant = {"organization": "acme", "workspace": "ml"}
+    assert value(found, "manta_gpu_flavor_reserved", **tenant, flavor="h100") == 2
+    assert value(found, "manta_gpu_flavor_reserved", **tenant, flavor="a100") == 1
+    used = value(found, "manta_gpu_flavor_hours_used", **tenant, flavor="h100")
+    assert used == pytest.approx(2.0, abs=0.01)
+    assert value(found, "manta_gpu_flavor_reserved", **tenant, flavor="") is None
 
 
 def submit_api(world, template, body):
