@@ -25,7 +25,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, IntegerField, Q
-from django.db.models.fields.json import KT
+from django.db.models.fields.json import KT, KeyTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
 from rest_framework import status
@@ -39,6 +39,7 @@ from workspaces.models import Organization
 
 from .accounting import gpu_hours
 from .attempts import attempts_create, attempts_preempt
+from .gpu_pools import check_flavors, gpu_pools
 from .local_host import HOST, workspaces_on_host
 from .local_host import capacity as host_capacity
 from .models import Job, JobState
@@ -77,6 +78,7 @@ def ledger_for(organization_id: int, on_host: set[int] | None = None) -> Ledger:
         host=HOST,
         host_capacity=host_capacity,
         gpu_hours_used=lambda quota: gpu_hours(quota.workspace, period),
+        gpu_pools=lambda: gpu_pools(organization_id, on_host),
     )
 
 
@@ -85,7 +87,8 @@ def ledger_for(organization_id: int, on_host: set[int] | None = None) -> Ledger:
 
 def _scan(queryset):
     return queryset.only(*PLAN_FIELDS).annotate(
-        scanned_max_runtime=Cast(KT("spec__max_runtime_seconds"), IntegerField())
+        scanned_max_runtime=Cast(KT("spec__max_runtime_seconds"), IntegerField()),
+        scanned_gpu_flavor=KeyTransform("gpu_flavor", "spec"),
     )
 
 
@@ -337,11 +340,23 @@ def _admit_locked(organization_id: int, *, first: Iterable[int] = ()) -> list[in
             )
             if not leaving:  # every victim stopped at once: the room is free now
                 chosen.append(preemption.job)
+    flavors = _gpu_flavors(ledger, chosen)
     quota_services.reservations_hold(
-        chosen, organization_id=organization_id, on_host=ledger.on_host, host=HOST
+        chosen,
+        organization_id=organization_id,
+        on_host=ledger.on_host,
+        host=HOST,
+        gpu_flavors=flavors,
     )
-    attempts_create(chosen)
+    attempts_create(chosen, gpu_flavors=flavors)
     return [job.pk for job in chosen]
+
+
+def _gpu_flavors(ledger: Ledger, jobs: list[Job]) -> dict[int, str]:
+    """The GPU flavor chosen for each admitted job that asks for GPUs (by pk)."""
+    if ledger.flavors is None:
+        return {}
+    return {job.pk: ledger.flavors.flavor_of(job) for job in jobs if job.requested["gpu"]}
 
 
 def admit_all() -> dict[int, list[int]]:
@@ -444,6 +459,8 @@ def check_submission(
                     f"requested.{name}",
                     f"this job needs {need:g} {name}; {what} {ceiling:g}, so it could never run",
                 )
+    if requested["gpu"]:
+        check_flavors(workspace, requested, spec, org_q, ws_q, on_host=host_capacity is not None)
     if ws_q.gpu_hours_per_month is not None and requested["gpu"]:
         used = gpu_hours(workspace, month_start(timezone.now()))
         over = budget_overrun(ws_q, used, requested["gpu"], spec["max_runtime_seconds"])

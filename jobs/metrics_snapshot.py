@@ -110,7 +110,8 @@ def snapshot_refresh(*, drift: dict[str, int] | None = None) -> dict[str, Any]:
         "quotas": _quotas(),
         "capacity": _capacity(),
         "reserved": _reserved(),
-        "gpu_hours": _gpu_hours(now),
+        **_gpu_hours(now),
+        "flavors_reserved": _flavors_reserved(),
         "drift": drift,
         "queue_depth": _queue_depth(),
     }
@@ -196,22 +197,45 @@ def _reserved() -> dict[str, dict[str, float]]:
     }
 
 
-def _gpu_hours(now) -> dict[str, float]:
+def _flavors_reserved() -> dict[str, dict[str, float]]:
+    """The GPUs each workspace's reservations hold, by GPU flavor (typed ones only: the
+    totals already count the untyped)."""
+    rows = (
+        quota_selectors.active_reservations()
+        .exclude(gpu_flavor="")
+        .order_by()
+        .values_list("workspace_id", "gpu_flavor")
+        .annotate(gpus=Sum("gpu"))
+    )
+    held: dict[str, dict[str, float]] = {}
+    for ws_id, flavor, gpus in rows:
+        held.setdefault(str(ws_id), {})[flavor] = gpus or 0.0
+    return held
+
+
+def _gpu_hours(now) -> dict[str, dict]:
     """GPU-hours of each workspace's attempts this month (``jobs/accounting.py``'s measure),
-    from one read of this month's GPU attempts."""
+    in all (``gpu_hours``) and by typed GPU flavor (``flavor_gpu_hours``), from one read of
+    this month's GPU attempts."""
     since = month_start(now)
     used: dict[str, float] = {}
+    by_flavor: dict[str, dict[str, float]] = {}
     attempts = (
         JobAttempt.objects.filter(running_at__isnull=False, job__requested_gpu__gt=0)
         .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=since))
-        .values_list("job__workspace_id", "running_at", "finished_at", "job__requested_gpu")
+        .values_list(
+            "job__workspace_id", "running_at", "finished_at", "job__requested_gpu", "gpu_flavor"
+        )
     )
-    for ws_id, running_at, finished_at, gpu in attempts:
+    for ws_id, running_at, finished_at, gpu, flavor in attempts:
         start, end = max(running_at, since), finished_at or now
         if end > start:
-            key = str(ws_id)
-            used[key] = used.get(key, 0.0) + (end - start).total_seconds() / 3600 * gpu
-    return used
+            key, hours = str(ws_id), (end - start).total_seconds() / 3600 * gpu
+            used[key] = used.get(key, 0.0) + hours
+            if flavor:
+                flavors = by_flavor.setdefault(key, {})
+                flavors[flavor] = flavors.get(flavor, 0.0) + hours
+    return {"gpu_hours": used, "flavor_gpu_hours": by_flavor}
 
 
 def _queue_depth() -> dict[str, int]:

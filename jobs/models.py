@@ -158,6 +158,14 @@ class Job(models.Model):
         return self.spec.get("max_runtime_seconds", 0)
 
     @property
+    def gpu_flavors(self) -> tuple[str, ...]:
+        """The GPU flavors the job accepts, in order (empty: any); admission's queue scan
+        reads them alone, as an annotation (``scanned_gpu_flavor``)."""
+        if "scanned_gpu_flavor" in self.__dict__:
+            return tuple(self.__dict__["scanned_gpu_flavor"] or ())
+        return tuple(self.spec.get("gpu_flavor") or ())
+
+    @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 
@@ -187,6 +195,8 @@ class JobAttempt(models.Model):
     target_kind = models.CharField(max_length=16)
     target_name = models.CharField(max_length=64)
     cluster_name = models.CharField(max_length=63)
+    # The GPU flavor admission chose for this attempt ("": untyped GPUs, or none).
+    gpu_flavor = models.CharField(max_length=32, blank=True, default="", db_default="")
     dashboard_url = models.CharField(max_length=200, blank=True)
     # The launcher's handle (addresses, process groups, cluster token), encrypted at rest.
     handle_encrypted = models.TextField(blank=True)

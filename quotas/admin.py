@@ -134,6 +134,7 @@ class WorkspaceQuotaAdmin(OrgScopedAdmin):
             ("Limit", {"fields": [f"limit_{name}" for name in RESOURCES]}),
             ("Jobs and GPU budget", {"fields": BUDGET_FIELDS}),
             ("Fair share", {"fields": ["fair_share_weight"]}),
+            ("GPU flavors", {"fields": ["gpu_flavors"]}),
         ]
 
     @admin.display(description="organisation")

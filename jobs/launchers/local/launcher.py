@@ -79,6 +79,8 @@ class LocalRayLauncher:
             resources = _node_resources(group, f"worker group {name!r}")
             for index in range(replicas):
                 nodes.append({"role": "worker", "group": name, "index": index, **resources})
+        if request.gpu_flavor:
+            nodes = [_of_flavor(node, request.gpu_flavor) for node in nodes]
         settings = SandboxSettings.from_config((request.target_config or {}).get("sandbox"))
         return {
             "kind": KIND,
@@ -373,6 +375,16 @@ def _node_resources(spec: dict[str, Any], what: str) -> dict[str, Any]:
         "disk_bytes": gb_to_bytes(spec.get("disk_gb")),  # None: the sandbox's default
         "resources": resources,
     }
+
+
+def _of_flavor(node: dict[str, Any], flavor: str) -> dict[str, Any]:
+    """A GPU node of ``flavor``: its sandbox gets only devices of that type, and it advertises
+    Ray's ``accelerator_type:<TYPE>`` resource (what ``@ray.remote(accelerator_type=...)``
+    asks for)."""
+    if not node["num_gpus"]:
+        return node
+    resources = {**node["resources"], f"accelerator_type:{flavor.upper()}": 1}
+    return {**node, "gpu_flavor": flavor, "resources": resources}
 
 
 def _isolation_plan(
