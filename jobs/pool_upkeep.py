@@ -247,6 +247,9 @@ def pools_reconcile() -> dict[str, int]:
     """
     now = timezone.now()
     counts = dict.fromkeys(("retired", "stopped", "strays", "fills"), 0)
+    in_use = WarmCluster.objects.exclude(state=S.STOPPED).exists()
+    if not in_use and not WarmPool.objects.filter(size__gt=0).exists():
+        return counts  # no pool in use: one query a sweep, and no look at the work dir
     launcher = _launcher()
     for cluster in WarmCluster.objects.filter(state=S.STARTING):
         if not _starter_alive(cluster):
