@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.response import Response
 
+from config.strict import StrictSerializer
 from workspaces import roles
 from workspaces.api.tenancy import TenantViewSet
 
@@ -18,14 +19,14 @@ from ..models import WarmClusterState, WarmPool
 S = WarmClusterState
 
 
-class WarmPoolCreateInput(serializers.Serializer):
+class WarmPoolCreateInput(StrictSerializer):
     target_name = serializers.CharField(max_length=64, default="local")
     spec = serializers.JSONField(help_text="the cluster's shape: image, head, worker_groups")
     size = serializers.IntegerField(default=0, help_text="clusters kept started ahead of need")
     idle_timeout_seconds = serializers.IntegerField(default=600)
 
 
-class WarmPoolUpdateInput(serializers.Serializer):
+class WarmPoolUpdateInput(StrictSerializer):
     size = serializers.IntegerField(required=False)
     idle_timeout_seconds = serializers.IntegerField(required=False)
 
