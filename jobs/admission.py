@@ -332,6 +332,7 @@ def _admit_locked(organization_id: int, *, first: Iterable[int] = ()) -> list[in
         pools_yield(
             reserved={name: getattr(ledger.host, name) for name in RESOURCES},
             capacity=ledger.host_capacity,
+            admitted=[job.pk for job in chosen],
         )
     attempts_create(chosen)
     return [job.pk for job in chosen]

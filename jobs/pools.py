@@ -49,7 +49,7 @@ from . import dispatch, metrics_events
 from . import spec as job_spec
 from .launchers.base import LaunchRequest
 from .local_host import sandbox_footprint
-from .models import JobAttempt, WarmCluster, WarmClusterState, WarmPool
+from .models import Job, JobAttempt, WarmCluster, WarmClusterState, WarmPool
 
 logger = logging.getLogger(__name__)
 
@@ -281,23 +281,55 @@ def _holding() -> list[str]:
     return [WarmClusterState.STARTING, WarmClusterState.IDLE, WarmClusterState.RETIRING]
 
 
-def _yieldable(order: tuple[str, ...] = ("idle", "starting")):
-    """The clusters that yield to admitted work: idle ones (the oldest first), then starting."""
-    for state in order:
-        yield from (
-            WarmCluster.objects.select_for_update(skip_locked=True)
-            .filter(state=state)
-            .order_by("created_at", "id")
+def _yieldable(kept: dict[int, int]):
+    """The clusters that yield to admitted work: idle ones (the oldest first), then starting;
+    but ``kept[pool]`` idle clusters of each pool, which admitted jobs of its shape will claim."""
+    for state in (WarmClusterState.IDLE, WarmClusterState.STARTING):
+        rows = WarmCluster.objects.select_for_update(skip_locked=True).filter(state=state)
+        for cluster in rows.order_by("created_at", "id"):
+            if state == WarmClusterState.IDLE and kept.get(cluster.pool_id, 0) > 0:
+                kept[cluster.pool_id] -= 1
+                continue
+            yield cluster
+
+
+def _wanted(job_ids: list[int]) -> dict[int, int]:
+    """How many of ``job_ids`` (just admitted) each pool has the shape of: they will claim its
+    idle clusters, so those are not the ones to stop."""
+    wanted: dict[int, int] = {}
+    configs: dict[tuple[int, str], dict[str, Any] | None] = {}
+    rows = Job.objects.filter(pk__in=job_ids)
+    for org_id, target, spec in rows.values_list(
+        "organization_id", "workspace__compute_target", "spec"
+    ):
+        if (org_id, target) not in configs:
+            configs[org_id, target] = local_target_config(org_id, target)
+        config = configs[org_id, target]
+        if config is None:
+            continue
+        pool = (
+            WarmPool.objects.filter(
+                organization_id=org_id, target_name=target, shape_key=shape_key(spec, config)
+            )
+            .values_list("pk", flat=True)
+            .first()
         )
+        if pool is not None:
+            wanted[pool] = wanted.get(pool, 0) + 1
+    return wanted
 
 
-def pools_yield(*, reserved: dict[str, float], capacity: dict[str, float | None]) -> list[int]:
+def pools_yield(
+    *, reserved: dict[str, float], capacity: dict[str, float | None], admitted: list[int]
+) -> list[int]:
     """In admission's transaction, under its host lock: when the host's reservations (those it
     just made included) and the pools' holdings are over its capacity, retire idle (then
-    starting) warm clusters until they are not. Returns the ids retired; they are stopped
-    after commit. A cluster just claimed (locked by its claim) is skipped."""
-    holding = WarmCluster.objects.filter(state__in=_holding()).exclude(
-        state=WarmClusterState.RETIRING
+    starting) warm clusters until they are not. An idle cluster that a job just ``admitted``
+    will claim is kept (its room passes to that job's reservation, so it is not counted twice).
+    Returns the ids retired; they are stopped after commit. A cluster locked by a claim in
+    progress is skipped."""
+    holding = WarmCluster.objects.filter(
+        state__in=(WarmClusterState.STARTING, WarmClusterState.IDLE)
     )
     pools = holding.aggregate(**{name: Sum(name) for name in RESOURCES})
     over = {
@@ -307,8 +339,14 @@ def pools_yield(*, reserved: dict[str, float], capacity: dict[str, float | None]
     }
     if all(value <= 1e-9 for value in over.values()):
         return []
+    kept = _wanted(admitted)
+    for pool_id, count in kept.items():
+        idle = holding.filter(pool_id=pool_id, state=WarmClusterState.IDLE)
+        for cluster in idle.order_by("created_at", "id")[:count]:
+            for name in over:  # its room is the admitted job's now
+                over[name] -= getattr(cluster, name)
     retired = []
-    for cluster in _yieldable():
+    for cluster in _yieldable(dict(kept)):
         if all(value <= 1e-9 for value in over.values()):
             break
         if not any(over[name] > 1e-9 and getattr(cluster, name) > 0 for name in over):

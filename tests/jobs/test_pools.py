@@ -5,15 +5,12 @@ and refuses bad input naming the field. (Real clusters: tests/e2e/test_warm_pool
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection
 
 from audit.context import Actor
 from jobs import admission, pool_upkeep, pools
 from jobs import services as job_services
-from jobs.models import JobAttempt, WarmCluster, WarmClusterState, WarmPool
+from jobs.models import WarmCluster, WarmClusterState, WarmPool
 from jobs.services import job_submit
 from tests import factories as f
 from tests.conftest import SYSTEM
@@ -26,38 +23,6 @@ S = WarmClusterState
 def shape(**changes):
     spec = counter_spec(**changes)
     return {key: spec[key] for key in ("image", "head", "worker_groups")}
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_warm_cluster_is_never_handed_to_two_attempts():
-    pool = f.WarmPoolFactory(size=3)
-    warm = [f.WarmClusterFactory(pool=pool) for _ in range(3)]
-    attempts = [f.JobAttemptFactory(job__organization=pool.organization) for _ in range(8)]
-    barrier = threading.Barrier(len(attempts))
-    got: dict[str, int | None] = {}
-
-    def claim(attempt: JobAttempt) -> None:
-        try:
-            barrier.wait()
-            cluster = pools.pool_claim(pool=pool, attempt=attempt)
-            got[str(attempt.pk)] = cluster and cluster.pk
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=claim, args=(a,)) for a in attempts]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    taken = [pk for pk in got.values() if pk is not None]
-    assert sorted(taken) == sorted(c.pk for c in warm)  # each once, none twice
-    rows = WarmCluster.objects.filter(pool=pool)
-    assert all(row.state == S.CLAIMED and row.attempt_id for row in rows)
-    assert {str(row.attempt_id): row.pk for row in rows} == {
-        a: pk for a, pk in got.items() if pk is not None
-    }
-    pool.refresh_from_db()
-    assert (pool.hits, pool.misses) == (3, 5)
 
 
 def test_a_job_takes_only_a_pool_of_its_own_shape(world):
@@ -173,3 +138,35 @@ def test_a_second_pool_of_the_same_shape_is_refused(world):
     assert admin.post(API, {"spec": shape()}, format="json").status_code == 201
     again = admin.post(API, {"spec": shape()}, format="json")
     assert again.status_code == 400 and "spec" in again.json()["errors"]
+
+
+def test_the_warm_cluster_an_admitted_job_will_claim_is_not_the_one_stopped(world, settings):
+    mine = f.WarmPoolFactory(organization=world.org, spec=shape())
+    other = f.WarmPoolFactory(organization=world.org)  # another shape
+    kept, spare = f.WarmClusterFactory(pool=mine), f.WarmClusterFactory(pool=other)
+    # The host holds exactly the two idle clusters: a job of mine's shape needs mine's room.
+    settings.MANTA_LOCAL_CAPACITY = {
+        "cpu": mine.cpu + other.cpu, "memory_gb": 1000.0, "disk_gb": 10000.0
+    }  # fmt: skip
+    template = job_services.template_create(
+        actor=SYSTEM, workspace=world.ws, name="c", spec=counter_spec()
+    ).template
+    job = job_submit(actor=Actor.for_user(world.users["owner"]), workspace=world.ws,
+                     template=template)  # fmt: skip
+    assert job.requested_cpu == mine.cpu
+    assert admission.admit(world.org.pk) == [job.pk]
+    kept.refresh_from_db()
+    spare.refresh_from_db()
+    # its room passes to the job, which claims it: nothing needs to yield
+    assert (kept.state, spare.state) == (S.IDLE, S.IDLE)
+    # a job of another shape makes the other pool's cluster yield, never the one it cannot use
+    bigger = job_submit(actor=Actor.for_user(world.users["owner"]), workspace=world.ws,
+                        template=template)  # fmt: skip
+    settings.MANTA_LOCAL_CAPACITY = {
+        **settings.MANTA_LOCAL_CAPACITY,
+        "cpu": 2 * mine.cpu + other.cpu,
+    }
+    WarmCluster.objects.filter(pk=kept.pk).update(state=S.CLAIMED)  # the first job took it
+    assert admission.admit(world.org.pk) == [bigger.pk]
+    spare.refresh_from_db()
+    assert spare.state == S.IDLE  # mine's shape again: the host still has room for both
