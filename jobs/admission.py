@@ -43,6 +43,7 @@ from .gpu_pools import check_flavors, gpu_pools
 from .local_host import HOST, workspaces_on_host
 from .local_host import capacity as host_capacity
 from .models import Job, JobState
+from .pools import pools_yield
 from .preemption import plan_preemptions, promised_jobs
 
 ADVISORY_NAMESPACE = 0x6D61  # "ma": keeps our lock ids apart from other users of pg locks
@@ -261,6 +262,12 @@ def lock_admission(organization_id: int) -> None:
     _lock(organization_id)
 
 
+def lock_host() -> None:
+    """Hold the local host's admission lock until the caller's transaction ends: a warm pool
+    taking room on the host (``jobs/pool_upkeep.py``) takes it, as a pass placing jobs does."""
+    _lock(HOST_LOCK)
+
+
 def admit(organization_id: int, *, first: Iterable[int] = ()) -> list[int]:
     """One admission pass for an organisation, waiting for a pass in progress to finish.
     Returns the admitted job ids. ``first``: queued jobs to admit before the queue's order
@@ -348,6 +355,14 @@ def _admit_locked(organization_id: int, *, first: Iterable[int] = ()) -> list[in
         host=HOST,
         gpu_flavors=flavors,
     )
+    if chosen and ledger.on_host:
+        # Warm clusters hold part of the host that admission does not count: what it admitted
+        # now comes first, and idle warm clusters are stopped to make room for it.
+        pools_yield(
+            reserved={name: getattr(ledger.host, name) for name in RESOURCES},
+            capacity=ledger.host_capacity,
+            admitted=[job.pk for job in chosen],
+        )
     attempts_create(chosen, gpu_flavors=flavors)
     return [job.pk for job in chosen]
 

@@ -181,11 +181,32 @@ class SnapshotCollector:
         for queue, value in taken["queue_depth"].items():
             depth.add_metric([queue], value)
         yield depth
+        yield from _warm_pool_families(taken.get("warm_pools") or {})
         yield GaugeMetricFamily(
             "manta_worker_heartbeat_timestamp_seconds",
             "When a worker's sweep last took these levels",
             value=taken["taken_at"],
         )
+
+
+def _warm_pool_families(pools: dict[str, dict]) -> list[GaugeMetricFamily]:
+    labels = ["organization", "target", "pool"]
+    size = GaugeMetricFamily("manta_warm_pool_size", "Warm clusters a pool keeps", labels=labels)
+    clusters = GaugeMetricFamily(
+        "manta_warm_pool_clusters", "A warm pool's clusters by state", labels=[*labels, "state"]
+    )
+    age = GaugeMetricFamily(
+        "manta_warm_pool_oldest_idle_seconds",
+        "How long a pool's oldest idle cluster has waited (0: none idle)",
+        labels=labels,
+    )
+    for pk, level in pools.items():
+        names = [*level["labels"], pk]
+        size.add_metric(names, level["size"])
+        for state, count in level["clusters"].items():
+            clusters.add_metric([*names, state], count)
+        age.add_metric(names, level["oldest_idle_seconds"])
+    return [size, clusters, age]
 
 
 class MetricsView(APIView):

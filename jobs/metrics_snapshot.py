@@ -35,7 +35,7 @@ from quotas.models import RESOURCES, OrgQuota, WorkspaceQuota
 from workspaces.models import Workspace
 
 from .admission import ledger_for
-from .models import Job, JobAttempt, JobState
+from .models import Job, JobAttempt, JobState, WarmPool
 
 logger = logging.getLogger(__name__)
 CACHE_KEY = "metrics:snapshot:v1"
@@ -114,6 +114,7 @@ def snapshot_refresh(*, drift: dict[str, int] | None = None) -> dict[str, Any]:
         "flavors_reserved": _flavors_reserved(),
         "drift": drift,
         "queue_depth": _queue_depth(),
+        "warm_pools": _warm_pools(now),
     }
     try:
         cache.set(CACHE_KEY, snapshot, timeout=None)
@@ -236,6 +237,25 @@ def _gpu_hours(now) -> dict[str, dict]:
                 flavors = by_flavor.setdefault(key, {})
                 flavors[flavor] = flavors.get(flavor, 0.0) + hours
     return {"gpu_hours": used, "flavor_gpu_hours": by_flavor}
+
+
+def _warm_pools(now) -> dict[str, dict[str, Any]]:
+    """Each warm pool's size and clusters by state, and the age of its oldest idle cluster
+    (one query)."""
+    levels = {}
+    states = ("starting", "idle", "claimed", "retiring")
+    rows = WarmPool.objects.values_list("pk", "organization__slug", "target_name", "size").annotate(
+        **{state: Count("clusters", filter=Q(clusters__state=state)) for state in states},
+        oldest=Min("clusters__ready_at", filter=Q(clusters__state="idle")),
+    )
+    for pk, org, target, size, *counts, oldest in rows:
+        levels[str(pk)] = {
+            "labels": [org, target],
+            "size": size,
+            "clusters": dict(zip(states, counts, strict=True)),
+            "oldest_idle_seconds": (now - oldest).total_seconds() if oldest else 0.0,
+        }
+    return levels
 
 
 def _queue_depth() -> dict[str, int]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .. import dashboard_http, ray_jobs
 from ..base import RAY_FAILED, RAY_TERMINAL, LaunchError, LaunchRequest, LogPart, RayJobState
 from . import disk
-from .handles import KIND, discover_handles, sandbox_of
+from .handles import KIND, discover_handles, sandbox_of, write_handle
 from .isolation import (
     ENTERED_NAMESPACES,
     MODE_OFF,
@@ -285,6 +285,22 @@ class LocalRayLauncher:
         return discover_handles((target_config or {}).get("work_dir"))
 
     # -- beyond the contract -------------------------------------------------------------------
+
+    def bind_warm(self, handle: dict[str, Any], request: LaunchRequest) -> dict[str, Any] | None:
+        """Hand a warm cluster (started ahead of need for no submission) to the attempt of
+        ``request``: the returned handle names the attempt's submission, here and in the
+        cluster's ``handle.json``, so every later step finds it as the attempt's. None when the
+        cluster is not complete and running any more (the caller stops it)."""
+        expected = len(self.plan(request)["nodes"])
+        if len(handle.get("nodes") or []) != expected or not nodes_running(handle):
+            return None
+        bound = {
+            **handle,
+            "submission_id": request.submission_id,
+            "cluster_name": request.cluster_name,
+        }
+        write_handle(bound)
+        return bound
 
     def is_alive(self, handle: dict[str, Any]) -> bool:
         """True while any process of the cluster runs or its dashboard still answers."""
