@@ -186,17 +186,21 @@ def _waited(job: Job, now: dt.datetime) -> float:
 
 
 def _fair_key(ledger: Ledger, ws_id: int, job: Job, now: dt.datetime) -> tuple:
-    return (ledger.fair_share_key(ws_id, now), -job.priority, job.queued_at, job.pk, ws_id, job)
+    key = ledger.fair_share_path_key(ws_id, now)
+    return (key, -job.priority, job.queued_at, job.pk, ws_id, job)
 
 
 def _plan_fair_share(ledger: Ledger, queue: DatabaseQueue, now: dt.datetime) -> list[Job]:
     """Next job from the workspace with the lowest fair-share key (``Ledger.fair_share_key``:
-    its share now plus its decayed past usage, over its weight), until no workspace's head
-    fits; each workspace's queue is read on demand."""
+    its share now plus its decayed past usage, over its weight; under quota groups, the keys of
+    its path from the top, ``Ledger.fair_share_path_key``), until no workspace's head fits;
+    each workspace's queue is read on demand."""
     queues = {ws: queue.jobs(ws) for ws in queue.workspace_ids()}
-    # A heap of each workspace's head, keyed by its workspace's fair-share key: only the
-    # workspace that just got a job changes its share (its past usage is fixed for the pass),
-    # so the heap stays valid.
+    # A heap of each workspace's head, keyed by its workspace's fair-share key: in a flat
+    # organisation only the workspace that just got a job changes its share (its past usage is
+    # fixed for the pass), so the heap stays valid. Under quota groups a job also raises its
+    # groups' shares, so its siblings' keys go stale: a key only grows within a pass, so a head
+    # whose key is found stale when popped goes back with its fresh key (a lazy heap).
     heap = []
     for ws, jobs in queues.items():
         head = next(jobs, None)
@@ -204,7 +208,13 @@ def _plan_fair_share(ledger: Ledger, queue: DatabaseQueue, now: dt.datetime) -> 
             heapq.heappush(heap, _fair_key(ledger, ws, head, now))
     admitted: list[Job] = []
     while heap:
-        *_, ws_id, job = heapq.heappop(heap)
+        entry = heapq.heappop(heap)
+        *_, ws_id, job = entry
+        if ledger.groups:
+            fresh = _fair_key(ledger, ws_id, job, now)
+            if fresh[0] != entry[0]:
+                heapq.heappush(heap, fresh)
+                continue
         if ledger.blocker(job):
             continue  # its head does not fit: the workspace waits this pass
         ledger.hold(job)
@@ -379,11 +389,27 @@ def factors(ledger: Ledger, job: Job, policy: str, now: dt.datetime) -> dict[str
         "priority": job.priority,
         "age_seconds": round(waited, 3),
     }
+    path = ledger.tree.path(ws_id)
+    if path:
+        explained["path"] = [_group_factors(ledger, group_id, now) for group_id in path[::-1]]
     if policy == QueuePolicy.INTELLIGENT:
         strict = job.priority >= STRICT_PRIORITY
         explained["band"] = "strict" if strict else "backfill"
         explained["aged"] = not strict and waited > aging_seconds()
     return explained
+
+
+def _group_factors(ledger: Ledger, group_id: int, now: dt.datetime) -> dict[str, Any]:
+    """A quota group's place among its siblings, as ``factors`` shows a workspace's."""
+    current, past = ledger.group_share(group_id, now)
+    group = ledger.groups[group_id]
+    return {
+        "group": group.name,
+        "current_share": _finite(current),
+        "decayed_usage_share": _finite(past),
+        "weight": group.fair_share_weight,
+        "fair_share_key": _finite(ledger.group_key(group_id, now)),
+    }
 
 
 # --- at submission -------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from .models import (
     FairShareUsage,
     OrgQuota,
     QueuePolicy,
+    QuotaGroup,
     Reservation,
     WorkspaceQuota,
 )
@@ -111,7 +112,13 @@ def ledger_for(
         },
         past=past_usage(organization_id) if org_q and org_q.policy in PAST_USAGE_POLICIES else {},
         half_life_seconds=half_life_seconds(),
+        groups=quota_groups(organization_id),
     )
+
+
+def quota_groups(organization_id: int) -> dict[int, QuotaGroup]:
+    """The organisation's quota groups by id (one query)."""
+    return {group.pk: group for group in QuotaGroup.objects.filter(organization_id=organization_id)}
 
 
 def half_life_seconds() -> float:
