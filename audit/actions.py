@@ -38,6 +38,9 @@ ACTIONS: dict[str, str] = {
     "compute_target.delete": "A compute target was deleted",
     # quotas
     "quota.update": "Capacity or a workspace quota changed",
+    "quota_group.create": "A quota group was added to the organisation's quota tree",
+    "quota_group.update": "A quota group changed (its quota, name or parent)",
+    "quota_group.delete": "A quota group was removed from the quota tree",
     # webhooks and notifications
     "webhook.create": "A webhook endpoint was created",
     "webhook.update": "A webhook endpoint changed",

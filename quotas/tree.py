@@ -24,6 +24,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from config.errors import InvalidInput
+
 from .models import RESOURCES, QuotaGroup, WorkspaceQuota
 
 if TYPE_CHECKING:
@@ -274,3 +276,83 @@ def over(label: str, limit: float, held: float, need: float, kept: float | None)
 def _add(target: dict[str, float], amounts: dict[str, float]) -> None:
     for name in RESOURCES:
         target[name] += amounts[name]
+
+
+# --- a consistent tree (checked by ``quotas/services.py`` on every quota write) ---------------
+
+
+def check_tree(
+    capacity: dict[str, float | None],
+    groups: list[QuotaGroup],
+    ws_quotas: list[WorkspaceQuota],
+) -> None:
+    """Refuse a tree that is not one, or whose numbers contradict each other: a group that is
+    its own ancestor; per node guaranteed ≤ limit, lending limit ≤ guaranteed, limit ≤ the
+    nearest limit above it (the organisation's: its capacity); per node, the guarantees of its
+    children add up to at most its own (the organisation's: its capacity), so every guarantee
+    is backed all the way up."""
+    by_id = {group.pk: group for group in groups}
+    for group in groups:
+        seen: set[int] = set()
+        parent = group.parent_id
+        while parent is not None and parent in by_id:
+            if parent == group.pk or parent in seen:
+                raise InvalidInput.on(
+                    "parent", f"group '{group.name}' would be its own ancestor (a cycle)"
+                )
+            seen.add(parent)
+            parent = by_id[parent].parent_id
+    nodes: list[tuple[Any, int | None]] = [(g, g.parent_id) for g in groups]
+    nodes += [(q, q.group_id) for q in ws_quotas]
+    sums: dict[int | None, dict[str, float]] = defaultdict(lambda: dict.fromkeys(RESOURCES, 0.0))
+    for node, parent in nodes:
+        for name in RESOURCES:
+            guaranteed = getattr(node, f"guaranteed_{name}")
+            limit = getattr(node, f"limit_{name}")
+            lending = getattr(node, f"lending_limit_{name}")
+            if limit is not None and guaranteed > limit:
+                raise InvalidInput.on(
+                    f"guaranteed_{name}", f"guaranteed {guaranteed:g} is above the limit {limit:g}"
+                )
+            if lending is not None and lending > guaranteed + EPSILON:
+                raise InvalidInput.on(
+                    f"lending_limit_{name}",
+                    f"lending limit {lending:g} is above the guarantee {guaranteed:g}: a node "
+                    "lends at most what it is guaranteed",
+                )
+            ceiling, what = _ceiling(capacity, by_id, parent, name)
+            if limit is not None and ceiling is not None and limit > ceiling + EPSILON:
+                raise InvalidInput.on(
+                    f"limit_{name}", f"limit {limit:g} is above {what} {ceiling:g}"
+                )
+            sums[parent][name] += guaranteed
+    for parent, totals in sums.items():
+        for name, total in totals.items():
+            if parent is None:
+                bound, what = capacity[name], "the capacity"
+                field = f"guaranteed_{name}" if nodes else name
+                under = "the workspaces' guarantees"
+            else:
+                group = by_id[parent]
+                bound, what = getattr(group, f"guaranteed_{name}"), "its guarantee"
+                field, under = f"guaranteed_{name}", f"the guarantees under group '{group.name}'"
+            if bound is not None and total > bound + EPSILON:
+                raise InvalidInput.on(field, f"{under} add up to {total:g}, above {what} {bound:g}")
+
+
+def _ceiling(
+    capacity: dict[str, float | None],
+    by_id: dict[int, QuotaGroup],
+    parent: int | None,
+    name: str,
+) -> tuple[float | None, str]:
+    """The nearest limit of ``name`` above a node whose parent is ``parent``."""
+    seen: set[int] = set()
+    while parent is not None and parent in by_id and parent not in seen:
+        seen.add(parent)
+        group = by_id[parent]
+        limit = getattr(group, f"limit_{name}")
+        if limit is not None:
+            return limit, f"group '{group.name}''s limit"
+        parent = group.parent_id
+    return capacity[name], "the organisation's capacity"
