@@ -277,14 +277,16 @@ class Ledger:
 
     def within_guarantee(self, claim: Claim) -> bool:
         """Whether the claim, added to what its workspace holds, stays within its guarantee of
-        every capped resource (an uncapped resource is never short), and within the guarantee
-        of every group above it."""
+        every capped resource (an uncapped resource is never short). The groups above it are
+        then within theirs too: the tree's guarantees add up (``quotas.tree.check_tree``: the
+        children of a node are guaranteed at most what it is), so what borrowers hold beyond
+        their own guarantees is all that stands between the claim and its guarantee."""
         guaranteed, usage = self.guarantee(claim.workspace_id), self.ws[claim.workspace_id]
-        capped = {name for name in RESOURCES if self.capped(name)}
         return all(
             getattr(usage, name) + claim.requested[name] <= guaranteed[name] + EPSILON
-            for name in capped
-        ) and self.tree.within_guarantees(claim, capped)
+            for name in RESOURCES
+            if self.capped(name)
+        )
 
     def borrowing(self, workspace_id: int, name: str) -> bool:
         """Whether the workspace holds more of ``name`` than it is guaranteed (only a capped

@@ -229,34 +229,11 @@ class QuotaTree:
             return None
         return max(0.0, total - held)
 
-    def within_guarantees(self, claim: Claim, capped: set[str]) -> bool:
-        """Whether the claim, added to what each group above it holds, stays within each
-        one's guarantee of every capped resource."""
-        for group_id in self.path(claim.workspace_id):
-            group, usage = self.groups[group_id], self.usage[group_id]
-            for name in capped:
-                guaranteed = getattr(group, f"guaranteed_{name}")
-                if getattr(usage, name) + claim.requested[name] > guaranteed + EPSILON:
-                    return False
-        return True
-
     def borrowing(self, group_id: int, name: str) -> bool:
         return (
             getattr(self.usage[group_id], name)
             > getattr(self.groups[group_id], f"guaranteed_{name}") + EPSILON
         )
-
-    def node_view(self, group_id: int) -> dict[str, Any]:
-        """A group as the org's quota read shows it: its quota, and what its subtree holds
-        and borrows."""
-        group, usage = self.groups[group_id], self.usage[group_id]
-        held = {name: getattr(usage, name) for name in RESOURCES}
-        guaranteed = group.guaranteed()
-        return {
-            "held": held,
-            "running": usage.running,
-            "borrowed": {name: max(0.0, held[name] - guaranteed[name]) for name in RESOURCES},
-        }
 
 
 def over(label: str, limit: float, held: float, need: float, kept: float | None) -> str:
