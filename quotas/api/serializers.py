@@ -32,15 +32,20 @@ class OrgQuotaSerializer(StrictModelSerializer):
         ]
 
 
-class GroupName(serializers.SlugField):
+class GroupName(serializers.CharField):
     """A quota group of the organisation in the serializer's context, given by its name (null:
     the organisation itself); a name it has no group of is a 400 naming the field."""
 
     def __init__(self, **kwargs):
-        super().__init__(max_length=64, allow_null=True, required=False, **kwargs)
+        super().__init__(allow_null=True, required=False, **kwargs)
+
+    def run_validators(self, value):
+        """Nothing more to check: :meth:`to_internal_value` found the group."""
 
     def to_internal_value(self, data):
         name = super().to_internal_value(data)
+        if len(name) > 64:
+            raise serializers.ValidationError("a quota group's name has at most 64 characters")
         group = QuotaGroup.objects.filter(
             organization=self.context["organization"], name=name
         ).first()
