@@ -39,6 +39,7 @@ from workspaces.models import Organization
 
 from .accounting import gpu_hours
 from .attempts import attempts_create, attempts_preempt
+from .fair_tree import plan_fair_tree
 from .local_host import HOST, workspaces_on_host
 from .local_host import capacity as host_capacity
 from .models import Job, JobState
@@ -186,21 +187,20 @@ def _waited(job: Job, now: dt.datetime) -> float:
 
 
 def _fair_key(ledger: Ledger, ws_id: int, job: Job, now: dt.datetime) -> tuple:
-    key = ledger.fair_share_path_key(ws_id, now)
-    return (key, -job.priority, job.queued_at, job.pk, ws_id, job)
+    return (ledger.fair_share_key(ws_id, now), -job.priority, job.queued_at, job.pk, ws_id, job)
 
 
 def _plan_fair_share(ledger: Ledger, queue: DatabaseQueue, now: dt.datetime) -> list[Job]:
     """Next job from the workspace with the lowest fair-share key (``Ledger.fair_share_key``:
-    its share now plus its decayed past usage, over its weight; under quota groups, the keys of
-    its path from the top, ``Ledger.fair_share_path_key``), until no workspace's head fits;
-    each workspace's queue is read on demand."""
+    its share now plus its decayed past usage, over its weight), until no workspace's head
+    fits; each workspace's queue is read on demand. Under quota groups: the Fair Tree of
+    ``jobs/fair_tree.py``."""
+    if ledger.groups:
+        return plan_fair_tree(ledger, queue, now)
     queues = {ws: queue.jobs(ws) for ws in queue.workspace_ids()}
-    # A heap of each workspace's head, keyed by its workspace's fair-share key: in a flat
-    # organisation only the workspace that just got a job changes its share (its past usage is
-    # fixed for the pass), so the heap stays valid. Under quota groups a job also raises its
-    # groups' shares, so its siblings' keys go stale: a key only grows within a pass, so a head
-    # whose key is found stale when popped goes back with its fresh key (a lazy heap).
+    # A heap of each workspace's head, keyed by its workspace's fair-share key: only the
+    # workspace that just got a job changes its share (its past usage is fixed for the pass),
+    # so the heap stays valid.
     heap = []
     for ws, jobs in queues.items():
         head = next(jobs, None)
@@ -208,13 +208,7 @@ def _plan_fair_share(ledger: Ledger, queue: DatabaseQueue, now: dt.datetime) -> 
             heapq.heappush(heap, _fair_key(ledger, ws, head, now))
     admitted: list[Job] = []
     while heap:
-        entry = heapq.heappop(heap)
-        *_, ws_id, job = entry
-        if ledger.groups:
-            fresh = _fair_key(ledger, ws_id, job, now)
-            if fresh[0] != entry[0]:
-                heapq.heappush(heap, fresh)
-                continue
+        *_, ws_id, job = heapq.heappop(heap)
         if ledger.blocker(job):
             continue  # its head does not fit: the workspace waits this pass
         ledger.hold(job)

@@ -204,15 +204,18 @@ def _merge(target: Usage, usage: Usage) -> None:
 
 
 def drift_over_limits() -> dict[str, int]:
-    """How many organisations and workspaces hold more than their capacity, limit or
-    max-running cap allows (0 everywhere when admission kept its invariants)."""
+    """How many organisations, quota groups and workspaces hold more than their capacity, limit
+    or max-running cap allows (0 everywhere when admission kept its invariants). A group holds
+    what its workspaces hold, at any depth."""
     drift = {"over_capacity": 0, "over_limit": 0, "over_running": 0}
     orgs = {q.organization_id: q for q in OrgQuota.objects.all()}
     workspaces = {q.workspace_id: q for q in WorkspaceQuota.objects.all()}
+    groups = {g.pk: g for g in QuotaGroup.objects.all()}
     scopes = (
         ("organization_id", orgs, OrgQuota.capacity, "over_capacity"),
         ("workspace_id", workspaces, WorkspaceQuota.limit, "over_limit"),
     )
+    in_groups: dict[int, Usage] = defaultdict(Usage)
     for scope, quotas, ceilings_of, over in scopes:
         for row in active_reservations().values(scope).annotate(**TOTALS):
             quota = quotas.get(row[scope])
@@ -222,4 +225,18 @@ def drift_over_limits() -> dict[str, int]:
                 drift[over] += int(ceiling is not None and row[name] > ceiling + EPSILON)
             cap = quota.max_running_jobs
             drift["over_running"] += int(cap is not None and row["jobs"] > cap)
+            if scope == "workspace_id" and groups:
+                node, seen = quota.group_id, set()
+                while node in groups and node not in seen:
+                    seen.add(node)
+                    _merge(in_groups[node], _usage(row))
+                    node = groups[node].parent_id
+    for pk, usage in in_groups.items():
+        group = groups[pk]
+        for name, ceiling in group.limit().items():
+            drift["over_limit"] += int(
+                ceiling is not None and getattr(usage, name) > ceiling + EPSILON
+            )
+        cap = group.max_running_jobs
+        drift["over_running"] += int(cap is not None and usage.running > cap)
     return drift

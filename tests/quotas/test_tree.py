@@ -6,14 +6,16 @@ organisation (guaranteed 2)."""
 from __future__ import annotations
 
 import pytest
+from rest_framework.test import APIClient
 
 from audit.context import Actor
 from audit.models import AuditEvent
 from config.errors import InvalidInput
-from jobs import admission
+from jobs import accounting, admission
+from jobs.metrics_snapshot import snapshot_refresh
 from jobs.models import Job
 from quotas import services
-from quotas.models import QuotaGroup, Reservation, WorkspaceQuota
+from quotas.models import OrgQuota, QuotaGroup, Reservation, WorkspaceQuota
 from tests.factories import QuotaGroupFactory, WorkspaceFactory
 from tests.quotas.test_admission import bare_template, queue_job, setup_quota
 
@@ -72,8 +74,6 @@ def test_a_group_limit_binds_and_why_waiting_names_the_group(tree):
     waiting = queue_job(world, spaces["a2"], templates["a2"], 1, minutes_ago=5)
     ops_job = queue_job(world, spaces["ops"], templates["ops"], 2, minutes_ago=1)
     # with preemption off, nothing gives a2 its guarantee back: vision is at its limit
-    from quotas.models import OrgQuota
-
     OrgQuota.objects.filter(organization=world.org).update(preemption=False)
     assert admission.admit(world.org.pk) == [ops_job]  # ops is not under vision
     job = Job.objects.get(pk=waiting)
@@ -121,8 +121,6 @@ def test_a_lending_limit_keeps_its_part_for_its_subtree(tree):
     owner = Actor.for_user(world.users["owner"])
     # team-b lends nothing of its 2: ops may borrow only 8 - 2 - 2 (ml's) = 4... of vision's
     services.quota_group_update(actor=owner, group=groups["team-b"], data={"lending_limit_gpu": 0})
-    from quotas.models import OrgQuota
-
     OrgQuota.objects.filter(organization=world.org).update(preemption=False)
     run(world, spaces, templates, "ml", 2)
     for _ in range(2):
@@ -255,8 +253,6 @@ def test_no_reservation_beyond_any_node_of_the_tree(tree):
     """The invariant the concurrency test checks on PostgreSQL, in one pass: a queue far larger
     than the tree admits exactly what every node's limit allows."""
     world, spaces, templates, _ = tree
-    from quotas.models import OrgQuota
-
     OrgQuota.objects.filter(organization=world.org).update(preemption=False)
     for slug in ("ml", "a2", "b1", "ops"):
         for _ in range(4):
@@ -271,3 +267,52 @@ def test_no_reservation_beyond_any_node_of_the_tree(tree):
         for slug, ws in spaces.items()
     }
     assert held["ml"] + held["a2"] + held["b1"] <= 6 and sum(held.values()) == 8
+
+
+def test_metrics_and_drift_cover_the_groups(tree):
+    world, spaces, templates, _ = tree
+
+    OrgQuota.objects.filter(organization=world.org).update(preemption=False)
+    run(world, spaces, templates, "ml", 4)
+    run(world, spaces, templates, "b1", 2)
+    queue_job(world, spaces["a2"], templates["a2"], 1, minutes_ago=1)
+    assert accounting.reconcile()["over_limit"] == 0
+    # Behind admission's back: a reservation that takes vision past its limit 6 (b1 is within
+    # its own, and the organisation within its capacity).
+    extra = queue_job(world, spaces["b1"], templates["b1"], 1, minutes_ago=1)
+    Reservation.objects.create(
+        job_id=extra, organization=world.org, workspace=spaces["b1"], cpu=0, memory_gb=0, gpu=1
+    )
+    drift = accounting.reconcile()
+    assert drift["over_limit"] == 1 and drift["over_capacity"] == 0
+    snapshot_refresh(drift=drift)
+    text = APIClient().get("/metrics").content.decode()
+    labels = 'group="vision",organization="acme",resource="gpu"'
+    assert f"manta_quota_group_reserved{{{labels}}} 7.0" in text
+    assert f"manta_quota_group_limit{{{labels}}} 6.0" in text
+    assert f"manta_quota_group_guaranteed{{{labels}}} 6.0" in text
+    team = 'group="team-a",organization="acme",resource="gpu"'
+    assert f"manta_quota_group_reserved{{{team}}} 4.0" in text
+    pending = 'organization="acme",reason="group_limit",workspace="a2"'
+    assert f"manta_pending_jobs{{{pending}}} 1.0" in text
+
+
+def test_fair_share_under_groups_compares_siblings_at_the_highest_level_first(tree):
+    """Fair Tree: vision (2 of 6 held) goes before ops (1 of 2); within it team-b (idle) before
+    team-a (2 of 4), though ml's own share (0) is the lowest of all and its job the oldest. A flat
+    fair share would have taken ml's job first."""
+    world, spaces, templates, _ = tree
+    OrgQuota.objects.filter(organization=world.org).update(preemption=False)
+    run(world, spaces, templates, "a2", 2)
+    run(world, spaces, templates, "ops", 1)
+    OrgQuota.objects.filter(organization=world.org).update(policy="fair_share")
+    jobs = {
+        slug: queue_job(world, spaces[slug], templates[slug], 1, minutes_ago=age)
+        for slug, age in (("ml", 30), ("b1", 20), ("ops", 10))
+    }
+    assert admission.admit(world.org.pk) == [jobs["b1"], jobs["ops"], jobs["ml"]]
+    waiting = queue_job(world, spaces["ml"], templates["ml"], 8, minutes_ago=1)
+    factors = admission.explain(Job.objects.get(pk=waiting))["factors"]
+    assert [node["group"] for node in factors["path"]] == ["vision", "team-a"]
+    assert factors["path"][0]["current_share"] == pytest.approx(4 / 6, abs=1e-6)
+    assert factors["path"][1]["current_share"] == pytest.approx(3 / 4, abs=1e-6)
