@@ -11,7 +11,8 @@ of ``jobs/admission.py``.
 
 Why not that heap with the path's keys: an admission raises the keys of its groups, so every
 workspace under them would go stale at once; here an admission costs one key per active child of
-each node on the way down (17 for 2 divisions × 5 teams × 10 workspaces), whatever the queue.
+each node on the way down (17 for 2 divisions × 5 teams × 10 workspaces), whatever the queue,
+and recomputes only the keys of the admitted workspace and of the groups above it.
 """
 
 from __future__ import annotations
@@ -54,12 +55,26 @@ def plan_fair_tree(ledger: Ledger, queue: Any, now: dt.datetime) -> list[Any]:
         kind, pk = child
         return pk in heads if kind == "ws" else active[pk] > 0
 
+    # A key changes only when its node's holdings or its head do: after an admission, those of
+    # the admitted workspace and of the groups above it; so keys are kept until then.
+    keys: dict[tuple[str, int], tuple] = {}
+
     def key(child: tuple[str, int]) -> tuple:
-        kind, pk = child
-        if kind == "group":
-            return (ledger.group_key(pk, now), 1, ledger.groups[pk].name)
-        job = heads[pk]
-        return (ledger.fair_share_key(pk, now), 0, -job.priority, job.queued_at, job.pk)
+        found = keys.get(child)
+        if found is None:
+            kind, pk = child
+            if kind == "group":
+                found = (ledger.group_key(pk, now), 1, ledger.groups[pk].name)
+            else:
+                job = heads[pk]
+                found = (ledger.fair_share_key(pk, now), 0, -job.priority, job.queued_at, job.pk)
+            keys[child] = found
+        return found
+
+    def changed(ws: int) -> None:
+        keys.pop(("ws", ws), None)
+        for group_id in tree.path(ws):
+            keys.pop(("group", group_id), None)
 
     def drop(ws: int) -> None:
         del heads[ws]
@@ -80,6 +95,7 @@ def plan_fair_tree(ledger: Ledger, queue: Any, now: dt.datetime) -> list[Any]:
             continue
         ledger.hold(job)
         admitted.append(job)
+        changed(pk)
         following = next(queues[pk], None)
         if following is None:
             drop(pk)
