@@ -424,16 +424,18 @@ def check_submission(
     spec: dict[str, Any],
     host_capacity: dict[str, float | None] | None = None,
 ) -> None:
-    """Refuse a job that can never run here (over its workspace's limit, its organisation's
-    capacity, or the capacity of the host it launches on), one the workspace's queue has no
-    room for, or one over the GPU budget when the workspace refuses those (otherwise it waits
-    for next month)."""
+    """Refuse a job that can never run here (over its workspace's limit, a limit of a quota
+    group above it, its organisation's capacity, or the capacity of the host it launches on),
+    one the workspace's queue has no room for, or one over the GPU budget when the workspace
+    refuses those (otherwise it waits for next month)."""
     org_q = quota_selectors.org_quota(workspace.organization)  # unlimited when unset
     ws_q = quota_selectors.workspace_quota(workspace)
+    above = quota_selectors.groups_above(ws_q)
     for name in RESOURCES:
         need = requested[name]
         ceilings = (
             (ws_q.limit()[name], "the workspace limit is"),
+            *((g.limit()[name], f"quota group '{g.name}''s limit is") for g in above),
             (org_q.capacity()[name], "the organisation's capacity is"),
             ((host_capacity or {}).get(name), "the host its workspace launches on has"),
         )

@@ -55,6 +55,21 @@ def workspace_quota(workspace) -> WorkspaceQuota:
     return found or WorkspaceQuota(workspace=workspace)
 
 
+def groups_above(quota: WorkspaceQuota) -> list[QuotaGroup]:
+    """The quota groups above a workspace, nearest first (none, and no query, for a workspace
+    directly under its organisation)."""
+    if quota.group_id is None:
+        return []
+    groups = {
+        g.pk: g for g in QuotaGroup.objects.filter(organization_id=quota.workspace.organization_id)
+    }
+    chain, node = [], quota.group_id
+    while node in groups and groups[node] not in chain:
+        chain.append(groups[node])
+        node = groups[node].parent_id
+    return chain
+
+
 def active_reservations():
     return Reservation.objects.filter(released_at__isnull=True)
 

@@ -316,3 +316,19 @@ def test_fair_share_under_groups_compares_siblings_at_the_highest_level_first(tr
     assert [node["group"] for node in factors["path"]] == ["vision", "team-a"]
     assert factors["path"][0]["current_share"] == pytest.approx(4 / 6, abs=1e-6)
     assert factors["path"][1]["current_share"] == pytest.approx(3 / 4, abs=1e-6)
+
+
+def test_a_job_over_a_group_limit_is_refused_at_submission(tree):
+    world, _, templates, _ = tree
+    url = API + "workspaces/ml/jobs/"
+    template = templates["ml"]
+    groups = [{"name": "g", "replicas": 1, "cpu": 0, "memory_gb": 0, "gpu": 7}]
+    before = Job.objects.count()
+    response = world.client("developer").post(
+        url, {"template": template.pk, "overrides": {"worker_groups": groups}}, format="json"
+    )
+    assert response.status_code == 400, response.content
+    assert response.json()["errors"]["requested.gpu"] == [
+        "this job needs 7 gpu; quota group 'vision''s limit is 6, so it could never run"
+    ]
+    assert Job.objects.count() == before
