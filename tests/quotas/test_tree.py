@@ -311,7 +311,7 @@ def test_fair_share_under_groups_compares_siblings_at_the_highest_level_first(tr
         for slug, age in (("ml", 30), ("b1", 20), ("ops", 10))
     }
     assert admission.admit(world.org.pk) == [jobs["b1"], jobs["ops"], jobs["ml"]]
-    waiting = queue_job(world, spaces["ml"], templates["ml"], 8, minutes_ago=1)
+    waiting = queue_job(world, spaces["ml"], templates["ml"], 3, minutes_ago=1)
     factors = admission.explain(Job.objects.get(pk=waiting))["factors"]
     assert [node["group"] for node in factors["path"]] == ["vision", "team-a"]
     assert factors["path"][0]["current_share"] == pytest.approx(4 / 6, abs=1e-6)
