@@ -7,8 +7,14 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin
+from django.http import HttpResponseRedirect
 
-from workspaces.admin import OrgScopedAdmin, administered_org_ids, amounts_in_range
+from workspaces.admin import (
+    OrgScopedAdmin,
+    ServiceRefused,
+    administered_org_ids,
+    amounts_in_range,
+)
 
 from . import selectors, services
 from .models import RESOURCES, OrgQuota, QuotaGroup, WorkspaceQuota
@@ -271,6 +277,12 @@ class QuotaGroupAdmin(OrgScopedAdmin):
         self.save_through(
             request, lambda actor: services.quota_group_delete(actor=actor, group=obj)
         )
+
+    def delete_view(self, request, object_id, extra_context=None):
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except ServiceRefused:  # a group with something under it: back to its page, unchanged
+            return HttpResponseRedirect(request.path.removesuffix("delete/") + "change/")
 
 
 def _find(node: dict, name: str) -> dict | None:
