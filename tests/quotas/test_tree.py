@@ -14,6 +14,7 @@ from config.errors import InvalidInput
 from jobs import accounting, admission
 from jobs.metrics_snapshot import snapshot_refresh
 from jobs.models import Job
+from jobs.prediction import predict_start
 from quotas import services
 from quotas.models import OrgQuota, QuotaGroup, Reservation, WorkspaceQuota
 from tests.factories import QuotaGroupFactory, WorkspaceFactory
@@ -332,3 +333,18 @@ def test_a_job_over_a_group_limit_is_refused_at_submission(tree):
         "this job needs 7 gpu; quota group 'vision''s limit is 6, so it could never run"
     ]
     assert Job.objects.count() == before
+
+
+@pytest.mark.parametrize("policy", ["fair_share", "round_robin"])
+def test_a_predicted_start_replays_the_tree(tree, policy):
+    """The prediction replays admission on a copy of the ledger, groups and all: a job behind
+    vision's limit waits for a job of vision to end, not for any job of the organisation."""
+    world, spaces, templates, _ = tree
+    OrgQuota.objects.filter(organization=world.org).update(preemption=False, policy=policy)
+    run(world, spaces, templates, "ml", 4)
+    run(world, spaces, templates, "b1", 2)
+    run(world, spaces, templates, "ops", 1)
+    job = Job.objects.get(pk=queue_job(world, spaces["a2"], templates["a2"], 2, minutes_ago=1))
+    predicted = predict_start(job)
+    assert (predicted.position, predicted.blocker) == (1, "group_limit")
+    assert predicted.p50 is not None and predicted.p50 <= predicted.p90
