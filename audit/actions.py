@@ -36,6 +36,8 @@ ACTIONS: dict[str, str] = {
     "compute_target.create": "A compute target was created",
     "compute_target.update": "A compute target changed",
     "compute_target.delete": "A compute target was deleted",
+    "warm_pool.create": "A warm pool was created for a local compute target",
+    "warm_pool.update": "A warm pool was resized or its idle timeout changed",
     # quotas
     "quota.update": "Capacity or a workspace quota changed",
     "quota_group.create": "A quota group was added to the organisation's quota tree",

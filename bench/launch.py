@@ -8,11 +8,14 @@ worker with 1 CPU, token authentication on, every port picked free, on 127.0.0.1
 
     .venv/bin/python bench/launch.py [--runs 3]
 
-Manta runs twice per round, with the local target's sandbox (own uid, namespaces, cgroups,
-slirp4netns) and without it (``MANTA_LOCAL_ISOLATION=off``), each on a fresh worker.
+Manta runs three times per round, each on a fresh worker: cold with the local target's
+sandbox (own uid, namespaces, cgroups, slirp4netns), cold without it
+(``MANTA_LOCAL_ISOLATION=off``), and warm: sandboxed, from a warm pool of the job's shape
+(size 1) whose cluster is idle when the job is approved (``jobs/pools.py``; the pool is sized 0
+again, and its clusters stopped, before the next cold run).
 
-Prints the medians, the ratio Manta / by hand (goal ≤ 1.0) and the ratio sandbox / off (goal:
-the sandbox adds ≤ 10 % to approval → running).
+Prints the medians, the ratios warm / by hand (goal ≤ 0.3) and cold / by hand (goal ≤ 1.0),
+and sandbox / off (goal: the sandbox adds ≤ 10 % to approval → running).
 """
 
 from __future__ import annotations
@@ -174,11 +177,43 @@ def through_manta(setup) -> dict[str, float]:
     }
 
 
+def pool_sized(setup, size: int) -> None:
+    from jobs import pools
+
+    pools.pool_update(actor=setup["admin"], pool=setup["pool"], data={"size": size})
+
+
+def wait_pool_idle(setup, timeout: float = 180) -> None:
+    from jobs.models import WarmCluster
+
+    deadline = time.monotonic() + timeout
+    while not WarmCluster.objects.filter(pool=setup["pool"], state="idle").exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the warm pool never had an idle cluster")
+        time.sleep(0.2)
+
+
+def drain_pool(setup, timeout: float = 180) -> None:
+    """Size 0, and every warm cluster stopped (a refill in progress is let finish first)."""
+    from jobs import pool_upkeep
+    from jobs.models import WarmCluster
+
+    pool_sized(setup, 0)
+    deadline = time.monotonic() + timeout
+    live = ("starting", "idle", "retiring")
+    while WarmCluster.objects.filter(pool=setup["pool"], state__in=live).exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the warm pool did not drain")
+        pool_upkeep.pools_reconcile()
+        time.sleep(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    env = configure("manta_bench_launch", MANTA_FOLLOW_INTERVAL_SECONDS="0.2")
+    db = os.environ.get("BENCH_LAUNCH_DB", "manta_bench_launch")  # beside other runs
+    env = configure(db, MANTA_FOLLOW_INTERVAL_SECONDS="0.2")
     spec = {
         "image": "rayproject/ray:2.60.0",
         "entrypoint": ENTRYPOINT,
@@ -186,18 +221,31 @@ def main() -> None:
         "worker_groups": [{"name": "w", "replicas": 1, "cpu": 1, "memory_gb": 1}],
     }
     setup = bench_workspace(spec)
+    from jobs import pools
+
+    shape = {key: spec[key] for key in ("image", "head", "worker_groups")}
+    setup["pool"] = pools.pool_create(
+        actor=setup["admin"], organization=setup["ws"].organization, target_name="local",
+        spec=shape, size=0,
+    )  # fmt: skip
     hand: list[dict[str, float]] = []
-    manta: dict[str, list[dict[str, float]]] = {"sandbox": [], "off": []}
+    manta: dict[str, list[dict[str, float]]] = {"sandbox": [], "off": [], "warm": []}
     for run in range(args.runs):
         hand.append(by_hand())
         for mode, results in manta.items():
-            worker = CeleryWorker({**env, "MANTA_LOCAL_ISOLATION": mode}, concurrency=2)
+            isolation = "off" if mode == "off" else "sandbox"
+            worker = CeleryWorker({**env, "MANTA_LOCAL_ISOLATION": isolation}, concurrency=2)
             try:
+                if mode == "warm":
+                    pool_sized(setup, 1)
+                    wait_pool_idle(setup)  # ahead of need: not part of approval → running
                 results.append(through_manta(setup))
             finally:
+                if mode == "warm":
+                    drain_pool(setup)
                 worker.stop()
         print(
-            f"run {run + 1}: by hand {hand[-1]['total']:.2f}s "
+            f"run {run + 1}: by hand (cold) {hand[-1]['total']:.2f}s "
             f"(head {hand[-1]['head']:.2f}, worker {hand[-1]['worker']:.2f}, "
             f"job {hand[-1]['job']:.2f}); "
             + "; ".join(
@@ -211,7 +259,8 @@ def main() -> None:
     for mode, value in medians.items():
         print(f"Manta ({mode}) approval → running, median of {args.runs}: {value:.2f} s")
     ratio = medians["sandbox"] / by_hand_median
-    print(f"ratio Manta (sandbox) / by hand: {ratio:.2f} (goal ≤ 1.0)")
+    print(f"ratio Manta warm / by hand (cold): {medians['warm'] / by_hand_median:.2f} (goal ≤ 0.3)")
+    print(f"ratio Manta cold (sandbox) / by hand (cold): {ratio:.2f} (goal ≤ 1.0)")
     print(f"ratio sandbox / off: {medians['sandbox'] / medians['off']:.2f} (goal ≤ 1.10)")
 
 

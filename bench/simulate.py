@@ -33,6 +33,10 @@ Per policy it prints:
   (what it holds plus what it has queued), weighted by its GPU guarantee; its normalised share
   is what it holds ÷ that; Jain = (Σx)² ÷ (n·Σx²) over the n workspaces with demand (1 when
   every one holds exactly its fair share), time-weighted over the intervals with n ≥ 2;
+  "Jain 1h" is the same index of each workspace's held ÷ fair integrated over windows of
+  ``--jain-window`` seconds (3,600) of contention: jobs are indivisible, so at any one instant a
+  workspace whose fair share is 0.7 GPU holds 0 or a whole job; over an hour it can hold its share
+  on average, and that is what a scheduler can be fair about;
 - preempted GPU-hours: GPU × time run by the attempts that preemption ended (work lost);
 - the prediction error: for every k-th job, ``predict_start`` at its submission (before the
   pass that follows it); its p50 wait against the actual one, |error| ÷ actual wait, median and
@@ -152,6 +156,7 @@ class Result:
     queued_seconds: float  # how long at least one job was queued
     jain: float
     contended_seconds: float  # the time Jain is averaged over
+    jain_windowed: float  # over windows of contention (held and fair integrated per window)
     preempted: int  # attempts ended by preemption
     preempted_gpu_hours: float
     predictions: list[tuple[float, float | None]]  # (actual wait, predicted p50 wait) seconds
@@ -193,7 +198,14 @@ class Replay:
     """One policy's replay of a trace; :meth:`run` returns its :class:`Result`."""
 
     def __init__(
-        self, trace: Trace, world: World, policy: str, *, preemption: bool, predictions: int = 0
+        self,
+        trace: Trace,
+        world: World,
+        policy: str,
+        *,
+        preemption: bool,
+        predictions: int = 0,
+        jain_window: float = 3600.0,
     ):
         self.trace, self.world, self.policy = trace, world, policy
         self.preemption = preemption
@@ -218,6 +230,9 @@ class Replay:
         self.last_event_id = 0
         self.queued_time = self.used_gpu_time = 0.0
         self.contended_time = self.jain_time = 0.0
+        self.jain_window = jain_window
+        self.window: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])  # ws → ∫held, ∫fair
+        self.window_span = self.windowed_time = self.windowed_jain_time = 0.0
         self.weights = {ws: g["gpu"] for ws, g in enumerate(trace.guarantees)}
 
     # --- the loop
@@ -243,6 +258,7 @@ class Replay:
                     self._arrive(new)
                 if self.queued:
                     self._admit()
+        self._close_window()
         wall = time.perf_counter() - started - self.prediction_seconds
         waits: dict[int, list[float]] = defaultdict(list)
         for index, task in enumerate(tasks):
@@ -267,6 +283,9 @@ class Replay:
             queued_seconds=self.queued_time,
             jain=self.jain_time / self.contended_time if self.contended_time else 1.0,
             contended_seconds=self.contended_time,
+            jain_windowed=(
+                self.windowed_jain_time / self.windowed_time if self.windowed_time else 1.0
+            ),
             preempted=self.preempted,
             preempted_gpu_hours=self.preempted_gpu_seconds / 3600,
             predictions=predictions,
@@ -291,6 +310,21 @@ class Replay:
         if len(fair) >= 2:
             self.contended_time += span
             self.jain_time += jain([self.held[ws] / fair[ws] for ws in fair]) * span
+            for ws, share in fair.items():
+                self.window[ws][0] += self.held[ws] * span
+                self.window[ws][1] += share * span
+            self.window_span += span
+            if self.window_span >= self.jain_window:
+                self._close_window()
+
+    def _close_window(self) -> None:
+        """Count the window of contention that ends now into the windowed Jain index."""
+        shares = [held / fair for held, fair in self.window.values() if fair > 1e-9]
+        if len(shares) >= 2:
+            self.windowed_jain_time += jain(shares) * self.window_span
+            self.windowed_time += self.window_span
+        self.window.clear()
+        self.window_span = 0.0
 
     # --- the transitions
 
@@ -433,7 +467,13 @@ class Replay:
 
 
 def simulate(
-    trace: Trace, policy: str, *, preemption: bool = False, predictions: int = 0, slug: str = ""
+    trace: Trace,
+    policy: str,
+    *,
+    preemption: bool = False,
+    predictions: int = 0,
+    slug: str = "",
+    jain_window: float = 3600.0,
 ) -> Result:
     """Replay ``trace`` under ``policy`` in a new organisation of the configured database."""
     from jobs.models import JobEvent
@@ -441,7 +481,14 @@ def simulate(
     world = build(
         trace, policy, preemption=preemption, slug=slug or f"sim-{policy.replace('_', '-')}"
     )
-    replay = Replay(trace, world, policy, preemption=preemption, predictions=predictions)
+    replay = Replay(
+        trace,
+        world,
+        policy,
+        preemption=preemption,
+        predictions=predictions,
+        jain_window=jain_window,
+    )
     replay.last_event_id = (
         JobEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
     )
@@ -476,6 +523,7 @@ def summary(result: Result, min_wait: float) -> dict[str, str]:
         "ws p50 min/med/max": span(p50s) if p50s else "-",
         "ws p95 min/med/max": span(p95s) if p95s else "-",
         "Jain": f"{result.jain:.3f}",
+        "Jain 1h": f"{result.jain_windowed:.3f}",
         "preempted GPU-h": f"{result.preempted_gpu_hours:.1f} ({result.preempted})",
         "pred err p50": f"{percentile(errors, 50):.0%}" if errors else "-",
         "pred err p90": f"{percentile(errors, 90):.0%}" if errors else "-",
@@ -534,6 +582,9 @@ def main() -> None:
         "--predictions", type=int, default=200, help="jobs whose start is predicted"
     )
     parser.add_argument("--min-wait", type=float, default=60, help="seconds; see the docstring")
+    parser.add_argument(
+        "--jain-window", type=float, default=3600, help="seconds of contention per window"
+    )
     parser.add_argument("--guaranteed", type=float, default=defaults.guaranteed,
                         help="Σ guarantees ÷ capacity")  # fmt: skip
     openb_args = parser.add_argument_group("openb")
@@ -585,7 +636,13 @@ def main() -> None:
     print(trace.description + (", preemption on" if args.preemption else ""))
     rows, results = [], []
     for policy in policies:
-        result = simulate(trace, policy, preemption=args.preemption, predictions=args.predictions)
+        result = simulate(
+            trace,
+            policy,
+            preemption=args.preemption,
+            predictions=args.predictions,
+            jain_window=args.jain_window,
+        )
         results.append(result)
         rows.append(summary(result, args.min_wait))
         print(

@@ -74,6 +74,11 @@ RUN_TIME = Histogram(
     [*TENANT, "outcome"],
     buckets=SLOW,
 )
+WARM_CLAIMS = Counter(
+    "manta_warm_pool_claims",
+    "Attempts of a warm pool's shape: result=hit took a warm cluster, miss found none idle",
+    ["organization", "target", "pool", "result"],
+)
 EVICTIONS = Counter(
     "manta_job_evictions",
     "Admitted jobs sent back to the queue, by reason (preempted, or the failure retried)",

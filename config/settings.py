@@ -12,6 +12,8 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from config.gpu_flavors import parse_inventory as parse_gpu_inventory
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("MANTA_VAR_DIR", default=str(BASE_DIR / "var")))
 
@@ -444,19 +446,25 @@ except ValueError as _exc:
 MANTA_LOCAL_LEASE_DIR = env.str("MANTA_LOCAL_LEASE_DIR", default="/var/lib/manta/sandbox-leases")
 if not MANTA_LOCAL_LEASE_DIR.startswith("/"):
     _refuse("MANTA_LOCAL_LEASE_DIR", "must be an absolute path")
-# GPU inventory: "auto" (nvidia-smi), "" (none: GPUs are logical only), "4" or "0,1,2,3";
-# held as "auto" or the device indices.
-_gpus = env.str("MANTA_LOCAL_GPUS", default="auto").strip()
-if _gpus == "auto":
+# GPU inventory: "auto" (nvidia-smi), "" (none: GPUs are logical only), "4" or "0,1,2,3", or
+# typed by flavor, "h100:0,1,2,3;a100:4,5" (config/gpu_flavors.py). Held as "auto" or the
+# device indices, and each typed device's flavor in MANTA_LOCAL_GPU_FLAVORS.
+try:
+    _inventory = parse_gpu_inventory(env.str("MANTA_LOCAL_GPUS", default="auto"))
+except ValueError as _exc:
+    _refuse(
+        "MANTA_LOCAL_GPUS",
+        f"must be 'auto', a count, device indices such as 0,1,2,3 or typed groups such as "
+        f"h100:0,1,2,3;a100:4,5 ({_exc})",
+    )
+if _inventory is None:
     MANTA_LOCAL_GPUS: str | tuple[str, ...] = "auto"
-elif _gpus.isdigit():
-    if int(_gpus) > 1024:
-        _refuse("MANTA_LOCAL_GPUS", "a count of at most 1024, or device indices such as 0,1,2,3")
-    MANTA_LOCAL_GPUS = tuple(str(i) for i in range(int(_gpus)))
-elif all(part.strip().isdigit() for part in _gpus.split(",") if part.strip()):
-    MANTA_LOCAL_GPUS = tuple(dict.fromkeys(p.strip() for p in _gpus.split(",") if p.strip()))
+    MANTA_LOCAL_GPU_FLAVORS: dict[str, str] = {}
 else:
-    _refuse("MANTA_LOCAL_GPUS", "must be 'auto', a count or device indices such as 0,1,2,3")
+    MANTA_LOCAL_GPUS = tuple(device for devices in _inventory.values() for device in devices)
+    MANTA_LOCAL_GPU_FLAVORS = {
+        device: flavor for flavor, devices in _inventory.items() if flavor for device in devices
+    }
 MANTA_LOCAL_PIDS_PER_NODE = _number(
     "MANTA_LOCAL_PIDS_PER_NODE", 1024, low=64, high=1_000_000, kind=int
 )

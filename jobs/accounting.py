@@ -7,7 +7,7 @@ import datetime as dt
 import logging
 from typing import Any
 
-from django.db.models import Count, Exists, F, OuterRef, Q, Sum
+from django.db.models import Count, Exists, OuterRef, Q, Sum
 from django.utils import timezone
 
 from quotas import selectors as quota_selectors
@@ -24,21 +24,30 @@ THRESHOLDS = (80, 100)  # percent of a GPU budget at which the workspace hears o
 
 def gpu_hours(workspace, since: dt.datetime) -> float:
     """GPU-hours of the workspace's attempts since ``since``, from their real running time."""
+    return round(sum(_gpu_hours_by_flavor(workspace, since).values()), 4)
+
+
+def gpu_hours_by_flavor(workspace, since: dt.datetime) -> dict[str, float]:
+    """:func:`gpu_hours` by the GPU flavor each attempt ran on ("": untyped)."""
+    return {f: round(h, 4) for f, h in _gpu_hours_by_flavor(workspace, since).items()}
+
+
+def _gpu_hours_by_flavor(workspace, since: dt.datetime) -> dict[str, float]:
     now = timezone.now()
-    total = 0.0
+    totals: dict[str, float] = {}
     attempts = (
         JobAttempt.objects.filter(
             job__workspace=workspace, running_at__isnull=False, job__requested_gpu__gt=0
         )
         .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=since))
-        .annotate(gpu=F("job__requested_gpu"))
+        .values_list("running_at", "finished_at", "gpu_flavor", "job__requested_gpu")
     )
-    for attempt in attempts:
-        start = max(attempt.running_at, since)
-        end = attempt.finished_at or now
+    for running_at, finished_at, flavor, gpu in attempts:
+        start = max(running_at, since)
+        end = finished_at or now
         if end > start:
-            total += (end - start).total_seconds() / 3600 * attempt.gpu
-    return round(total, 4)
+            totals[flavor] = totals.get(flavor, 0.0) + (end - start).total_seconds() / 3600 * gpu
+    return totals
 
 
 def usage(workspace) -> dict[str, Any]:
@@ -58,7 +67,9 @@ def usage(workspace) -> dict[str, Any]:
         .values_list("state")
         .annotate(n=Count("id"))
     )
+    period = month_start(timezone.now())
     return {
+        "gpu_flavors": _flavor_usage(workspace, quota, period),
         "reserved": quota_selectors.reserved(workspace),
         "guaranteed": quota.guaranteed(),
         "limit": quota.limit(),
@@ -70,6 +81,23 @@ def usage(workspace) -> dict[str, Any]:
         "preempted_gpu_hours_this_month": preempted_gpu_hours(
             workspace, month_start(timezone.now())
         ),
+    }
+
+
+def _flavor_usage(workspace, quota: WorkspaceQuota, period: dt.datetime) -> dict[str, Any]:
+    """Per typed GPU flavor the workspace has a quota of, holds or used this period: what it
+    holds, its guarantee and limit, and its GPU-hours this period."""
+    held = quota_selectors.reserved_by_flavor(workspace)
+    used = gpu_hours_by_flavor(workspace, period)
+    flavors = sorted({*quota.gpu_flavors, *held, *used} - {""})
+    return {
+        flavor: {
+            "reserved": held.get(flavor, 0.0),
+            "guaranteed": (quota.gpu_flavors.get(flavor) or {}).get("guaranteed", 0.0),
+            "limit": (quota.gpu_flavors.get(flavor) or {}).get("limit"),
+            "gpu_hours_this_month": used.get(flavor, 0.0),
+        }
+        for flavor in flavors
     }
 
 

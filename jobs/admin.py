@@ -277,3 +277,6 @@ class JobAdmin(ReadOnlyAdmin):
         done = {"approve": "approved", "reject": "rejected", "cancel": "cancelled"}[action]
         self.message_user(request, f"job {job.pk} {done}", level=messages.SUCCESS)
         return HttpResponseRedirect(reverse("admin:jobs_job_change", args=[job.pk]))
+
+
+from . import admin_pools  # noqa: E402, F401  (registers the warm pools' pages)

@@ -25,7 +25,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, IntegerField, Q
-from django.db.models.fields.json import KT
+from django.db.models.fields.json import KT, KeyTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
 from rest_framework import status
@@ -40,9 +40,11 @@ from workspaces.models import Organization
 from .accounting import gpu_hours
 from .attempts import attempts_create, attempts_preempt
 from .fair_tree import plan_fair_tree
+from .gpu_pools import check_flavors, gpu_pools
 from .local_host import HOST, workspaces_on_host
 from .local_host import capacity as host_capacity
 from .models import Job, JobState
+from .pools import pools_yield
 from .preemption import plan_preemptions, promised_jobs
 
 ADVISORY_NAMESPACE = 0x6D61  # "ma": keeps our lock ids apart from other users of pg locks
@@ -78,6 +80,7 @@ def ledger_for(organization_id: int, on_host: set[int] | None = None) -> Ledger:
         host=HOST,
         host_capacity=host_capacity,
         gpu_hours_used=lambda quota: gpu_hours(quota.workspace, period),
+        gpu_pools=lambda: gpu_pools(organization_id, on_host),
     )
 
 
@@ -86,7 +89,8 @@ def ledger_for(organization_id: int, on_host: set[int] | None = None) -> Ledger:
 
 def _scan(queryset):
     return queryset.only(*PLAN_FIELDS).annotate(
-        scanned_max_runtime=Cast(KT("spec__max_runtime_seconds"), IntegerField())
+        scanned_max_runtime=Cast(KT("spec__max_runtime_seconds"), IntegerField()),
+        scanned_gpu_flavor=KeyTransform("gpu_flavor", "spec"),
     )
 
 
@@ -143,7 +147,7 @@ def plan(
     queue = queue or DatabaseQueue(organization_id)
     now = now or timezone.now()
     if policy == QueuePolicy.FAIR_SHARE:
-        return _plan_fair_share(ledger, queue, now)
+        return _plan_fair_share(ledger, queue, now, max_wait)
     admitted: list[Job] = []
     misses = 0
     for job in queue.jobs():
@@ -190,13 +194,28 @@ def _fair_key(ledger: Ledger, ws_id: int, job: Job, now: dt.datetime) -> tuple:
     return (ledger.fair_share_key(ws_id, now), -job.priority, job.queued_at, job.pk, ws_id, job)
 
 
-def _plan_fair_share(ledger: Ledger, queue: DatabaseQueue, now: dt.datetime) -> list[Job]:
+def _plan_fair_share(
+    ledger: Ledger, queue: DatabaseQueue, now: dt.datetime, max_wait: float
+) -> list[Job]:
     """Next job from the workspace with the lowest fair-share key (``Ledger.fair_share_key``:
     its share now plus its decayed past usage, over its weight), until no workspace's head
     fits; each workspace's queue is read on demand. Under quota groups: the Fair Tree of
-    ``jobs/fair_tree.py``."""
+    ``jobs/fair_tree.py``, with the same holding back.
+
+    A head that does not fit lets the others go first, until it has waited ``max_wait``
+    seconds (the org's ``balanced_max_wait_seconds``): from then on, if its workspace is owed
+    it (:func:`_owed`), it holds back the resources the organisation is short of for it, and no
+    job that needs them starts before it. Without that, a workspace's 4-GPU job within its
+    guarantee would wait for ever behind a stream of 1-GPU jobs of workspaces that borrow
+    (Slurm's backfill reservation, without run-time estimates). A job beyond its workspace's
+    guarantee holds nothing back: capacity would idle for a job nobody owes."""
     if ledger.groups:
-        return plan_fair_tree(ledger, queue, now)
+        return plan_fair_tree(
+            ledger,
+            queue,
+            now,
+            overdue=lambda job: _waited(job, now) > max_wait and _owed(ledger, job),
+        )
     queues = {ws: queue.jobs(ws) for ws in queue.workspace_ids()}
     # A heap of each workspace's head, keyed by its workspace's fair-share key: only the
     # workspace that just got a job changes its share (its past usage is fixed for the pass),
@@ -207,9 +226,14 @@ def _plan_fair_share(ledger: Ledger, queue: DatabaseQueue, now: dt.datetime) -> 
         if head is not None:
             heapq.heappush(heap, _fair_key(ledger, ws, head, now))
     admitted: list[Job] = []
+    held_back: set[str] = set()
     while heap:
         *_, ws_id, job = heapq.heappop(heap)
+        if any(job.requested[name] for name in held_back):
+            continue  # it needs what a job ahead of it has waited too long for
         if ledger.blocker(job):
+            if _waited(job, now) > max_wait and _owed(ledger, job):
+                held_back.update(ledger.short_of(job) or RESOURCES)
             continue  # its head does not fit: the workspace waits this pass
         ledger.hold(job)
         admitted.append(job)
@@ -217,6 +241,12 @@ def _plan_fair_share(ledger: Ledger, queue: DatabaseQueue, now: dt.datetime) -> 
         if following is not None:
             heapq.heappush(heap, _fair_key(ledger, ws_id, following, now))
     return admitted
+
+
+def _owed(ledger: Ledger, job: Job) -> bool:
+    """Whether ``job`` waits only for what others hold and stays within its workspace's
+    guarantee: capacity its workspace is owed."""
+    return not ledger.workspace_blocker(job) and ledger.within_guarantee(job)
 
 
 # --- the pass ------------------------------------------------------------------------------
@@ -239,6 +269,12 @@ def lock_admission(organization_id: int) -> None:
     frees capacity and admits in one transaction (``jobs/preempting.py``) takes it first, as a
     pass does."""
     _lock(organization_id)
+
+
+def lock_host() -> None:
+    """Hold the local host's admission lock until the caller's transaction ends: a warm pool
+    taking room on the host (``jobs/pool_upkeep.py``) takes it, as a pass placing jobs does."""
+    _lock(HOST_LOCK)
 
 
 def admit(organization_id: int, *, first: Iterable[int] = ()) -> list[int]:
@@ -320,11 +356,31 @@ def _admit_locked(organization_id: int, *, first: Iterable[int] = ()) -> list[in
             )
             if not leaving:  # every victim stopped at once: the room is free now
                 chosen.append(preemption.job)
+    flavors = _gpu_flavors(ledger, chosen)
     quota_services.reservations_hold(
-        chosen, organization_id=organization_id, on_host=ledger.on_host, host=HOST
+        chosen,
+        organization_id=organization_id,
+        on_host=ledger.on_host,
+        host=HOST,
+        gpu_flavors=flavors,
     )
-    attempts_create(chosen)
+    if chosen and ledger.on_host:
+        # Warm clusters hold part of the host that admission does not count: what it admitted
+        # now comes first, and idle warm clusters are stopped to make room for it.
+        pools_yield(
+            reserved={name: getattr(ledger.host, name) for name in RESOURCES},
+            capacity=ledger.host_capacity,
+            admitted=[job.pk for job in chosen],
+        )
+    attempts_create(chosen, gpu_flavors=flavors)
     return [job.pk for job in chosen]
+
+
+def _gpu_flavors(ledger: Ledger, jobs: list[Job]) -> dict[int, str]:
+    """The GPU flavor chosen for each admitted job that asks for GPUs (by pk)."""
+    if ledger.flavors is None:
+        return {}
+    return {job.pk: ledger.flavors.flavor_of(job) for job in jobs if job.requested["gpu"]}
 
 
 def admit_all() -> dict[int, list[int]]:
@@ -445,6 +501,8 @@ def check_submission(
                     f"requested.{name}",
                     f"this job needs {need:g} {name}; {what} {ceiling:g}, so it could never run",
                 )
+    if requested["gpu"]:
+        check_flavors(workspace, requested, spec, org_q, ws_q, on_host=host_capacity is not None)
     if ws_q.gpu_hours_per_month is not None and requested["gpu"]:
         used = gpu_hours(workspace, month_start(timezone.now()))
         over = budget_overrun(ws_q, used, requested["gpu"], spec["max_runtime_seconds"])

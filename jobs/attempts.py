@@ -44,9 +44,12 @@ SYSTEM = Actor.system("worker")
 # --- admission (jobs/admission.py decides; this creates the attempt) -------------------------
 
 
-def attempts_create(jobs: list[Job]) -> list[JobAttempt]:
-    """Move admitted queued jobs to ``launching``, each with its next attempt, in the caller's
-    transaction; their launch tasks are sent when it commits."""
+def attempts_create(
+    jobs: list[Job], *, gpu_flavors: dict[int, str] | None = None
+) -> list[JobAttempt]:
+    """Move admitted queued jobs to ``launching``, each with its next attempt (on the GPU
+    flavor admission chose for it, by job pk), in the caller's transaction; their launch tasks
+    are sent when it commits."""
     if not jobs:
         return []
     previous = dict(
@@ -68,6 +71,7 @@ def attempts_create(jobs: list[Job]) -> list[JobAttempt]:
                 target_kind="",
                 target_name=job.workspace.compute_target,
                 cluster_name=cluster_name_for(job, numbers[job.pk]),
+                gpu_flavor=(gpu_flavors or {}).get(job.pk, ""),
             )
             for job in locked
         ),

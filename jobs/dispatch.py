@@ -27,6 +27,8 @@ FOLLOW = "manta.jobs.follow_attempt"
 CANCEL = "manta.jobs.cancel_attempt"
 EVICT = "manta.jobs.evict_attempt"
 PREEMPT = "manta.jobs.preempt_attempt"
+POOL_FILL = "manta.jobs.pool_fill"
+POOL_STOP = "manta.jobs.pool_stop"
 
 FAN_OUT_ABOVE = 8  # launches sent by one task instead of from the admission's commit
 
@@ -61,6 +63,16 @@ def launch_attempts(attempt_ids: list[str]) -> None:
         send(FAN_OUT, attempt_ids)
     else:
         send_each(LAUNCH, [(pk,) for pk in attempt_ids])
+
+
+def pool_fill(pool_id: int) -> None:
+    """Start what a warm pool lacks (in the background: each start takes Ray's start-up)."""
+    send(POOL_FILL, pool_id)
+
+
+def pool_stop(cluster_ids: list[int]) -> None:
+    """Stop warm clusters that were retired (yielded, timed out, no longer wanted)."""
+    send(POOL_STOP, cluster_ids)
 
 
 def job_cancelled(job_id: int) -> None:

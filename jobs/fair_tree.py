@@ -19,17 +19,26 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from quotas.ledger import Ledger
+from quotas.models import RESOURCES
 
 ROOT = None
 
 
-def plan_fair_tree(ledger: Ledger, queue: Any, now: dt.datetime) -> list[Any]:
+def plan_fair_tree(
+    ledger: Ledger, queue: Any, now: dt.datetime, *, overdue: Callable[[Any], bool]
+) -> list[Any]:
     """The jobs to admit now, in admission order (``ledger`` is updated as they are held);
-    ``queue`` as ``jobs.admission.plan`` takes it."""
+    ``queue`` as ``jobs.admission.plan`` takes it.
+
+    A head that does not fit and is ``overdue`` (it waited past the organisation's
+    ``balanced_max_wait_seconds`` for capacity its workspace is owed) holds back, at each node
+    it is short at, what it is short of: no later job under that node that needs it starts
+    before it (``jobs/admission.py``'s flat ``fair_share`` does the same at the organisation).
+    Held back at a group, a resource stays free for the other subtrees."""
     tree = ledger.tree
     heads: dict[int, Any] = {}
     queues: dict[int, Iterator[Any]] = {}
@@ -81,6 +90,15 @@ def plan_fair_tree(ledger: Ledger, queue: Any, now: dt.datetime) -> list[Any]:
         for group_id in tree.path(ws):
             active[group_id] -= 1
 
+    held_back: set[tuple[int | None, str]] = set()  # (node, resource or "running")
+
+    def behind(job: Any) -> bool:
+        path = tree.path(job.workspace_id)
+        return any(
+            (node is ROOT or node in path) and (name == "running" or job.requested[name])
+            for node, name in held_back
+        )
+
     admitted: list[Any] = []
     while heads:
         node: int | None = ROOT
@@ -90,7 +108,13 @@ def plan_fair_tree(ledger: Ledger, queue: Any, now: dt.datetime) -> list[Any]:
                 break
             node = pk
         job = heads[pk]
+        if held_back and behind(job):
+            drop(pk)  # it needs what a job ahead of it has waited too long for
+            continue
         if ledger.blocker(job):
+            if overdue(job):
+                short = {(node, name) for node, name, _ in ledger.shortages(job)}
+                held_back.update(short or {(ROOT, name) for name in RESOURCES})
             drop(pk)  # its head does not fit: the workspace waits this pass
             continue
         ledger.hold(job)

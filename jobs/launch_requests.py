@@ -107,7 +107,17 @@ def launch_request(
             "manta.dev/attempt": str(attempt.number),
         },
         target_config=target.config,
+        gpu_flavor=attempt.gpu_flavor,
     )
+
+
+def _likely_flavor(job: Job, target: ResolvedTarget) -> str:
+    """For a job not admitted yet, the GPU flavor its plan shows: the first it accepts, else
+    the first its target declares (admission may choose another, as it fits)."""
+    if not job.requested_gpu:
+        return ""
+    declared = sorted((target.config or {}).get("gpu_flavors") or {})
+    return (job.gpu_flavors or declared or ("",))[0]
 
 
 def plan_for(job: Job) -> dict[str, Any]:
@@ -115,7 +125,12 @@ def plan_for(job: Job) -> dict[str, Any]:
     attempt = job.attempts.order_by("-number").first()
     target = resolve_target(job)
     if attempt is None:
-        attempt = JobAttempt(job=job, number=1, cluster_name=cluster_name_for(job, 1))
+        attempt = JobAttempt(
+            job=job,
+            number=1,
+            cluster_name=cluster_name_for(job, 1),
+            gpu_flavor=_likely_flavor(job, target),
+        )
     request = launch_request(attempt, target, sign=False)
     plan = launcher_for(target.kind, target.config).plan(request)
     footprint = (plan.get("isolation") or {}).get("footprint")

@@ -17,6 +17,7 @@ from packages.services import blob_name as package_blob
 from packages.services import storage as package_storage
 from packages.sources import CodeUnavailable
 from packages.sources import fetch as fetch_code
+from workspaces.models import ComputeTargetKind
 
 from . import metrics_events
 from .attempts import SYSTEM, handle_of, leased, load, stop_orphans
@@ -31,6 +32,7 @@ from .launchers.base import (
     RayJobState,
 )
 from .models import ATTEMPT_ACTIVE, JobAttempt, JobState
+from .pool_upkeep import warm_take
 
 logger = logging.getLogger(__name__)
 
@@ -119,16 +121,25 @@ def _still_wanted(attempt: JobAttempt) -> bool:
 
 
 def _start(attempt: JobAttempt, launcher, request: LaunchRequest, target) -> dict[str, Any]:
-    stop_orphans(attempt, target)
-    # Asked while nodes start: a cancel or preemption stops the start.
-    handle = launcher.start_cluster(
-        request,
-        abandon=lambda: "" if _still_wanted(attempt) else "its attempt was cancelled or preempted",
-    )
+    # A warm cluster of the job's shape when its pool has one idle; else a cold start.
+    warm = warm_take(attempt, request) if target.kind == ComputeTargetKind.LOCAL else None
+    if warm is not None:
+        handle, cluster = warm
+        isolation = {**(handle.get("isolation") or {}), "warm_cluster": cluster.pk}
+    else:
+        stop_orphans(attempt, target)
+        # Asked while nodes start: a cancel or preemption stops the start.
+        handle = launcher.start_cluster(
+            request,
+            abandon=lambda: (
+                "" if _still_wanted(attempt) else "its attempt was cancelled or preempted"
+            ),
+        )
+        isolation = handle.get("isolation") or {"mode": f"{target.kind} target"}
     now = timezone.now()
     updated = JobAttempt.objects.filter(pk=attempt.pk, state__in=ATTEMPT_ACTIVE).update(
         handle_encrypted=secrets.encrypt_json(handle),
-        isolation=handle.get("isolation") or {"mode": f"{target.kind} target"},
+        isolation=isolation,
         target_kind=target.kind,
         dashboard_url=handle.get("dashboard_url", ""),
         cluster_ready_at=now,

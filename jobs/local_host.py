@@ -14,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 
+from config.gpu_flavors import UNTYPED
 from workspaces.models import ComputeTarget, ComputeTargetKind, Workspace
 
 from .launchers.local.isolation import (
@@ -37,6 +38,18 @@ def gpu_inventory() -> tuple[str, ...]:
     return tuple(settings.MANTA_LOCAL_GPUS)
 
 
+def gpu_flavor_inventory() -> dict[str, tuple[str, ...]]:
+    """This host's GPUs by flavor, in inventory order (``UNTYPED`` for devices without a
+    type): what ``MANTA_LOCAL_GPUS`` names, e.g. "h100:0,1;a100:2,3" (detected GPUs are
+    untyped)."""
+    types = settings.MANTA_LOCAL_GPU_FLAVORS
+    inventory: dict[str, tuple[str, ...]] = {}
+    for device in gpu_inventory():
+        flavor = types.get(device, UNTYPED)
+        inventory[flavor] = (*inventory.get(flavor, ()), device)
+    return inventory
+
+
 def sandbox_settings() -> SandboxSettings:
     """The operator's isolation settings (a tenant's target config never reaches them)."""
     return SandboxSettings(
@@ -47,6 +60,12 @@ def sandbox_settings() -> SandboxSettings:
         # out of sight; the interpreter and its packages are shown again read-only.
         hide=(str(settings.BASE_DIR), str(settings.VAR_DIR), *settings.MANTA_LOCAL_HIDE_PATHS),
         gpus=gpu_inventory(),
+        gpu_flavors=tuple(
+            (device, flavor)
+            for flavor, devices in gpu_flavor_inventory().items()
+            if flavor
+            for device in devices
+        ),
         pids_per_node=settings.MANTA_LOCAL_PIDS_PER_NODE,
         node_memory_overhead_bytes=int(settings.MANTA_LOCAL_NODE_OVERHEAD_GB * GIB),
         default_node_memory_bytes=int(settings.MANTA_LOCAL_DEFAULT_NODE_MEMORY_GB * GIB),

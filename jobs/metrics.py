@@ -123,6 +123,12 @@ class SnapshotCollector:
         reserved = family("manta_quota_reserved", "Held by launching/running jobs", "resource")
         used = family("manta_gpu_hours_used", "GPU-hours used this month")
         budget = family("manta_gpu_hours_budget", "GPU-hours budget per month (where set)")
+        flavor_reserved = family(
+            "manta_gpu_flavor_reserved", "GPUs of a flavor held by launching/running jobs", "flavor"
+        )
+        flavor_used = family(
+            "manta_gpu_flavor_hours_used", "GPU-hours of a flavor used this month", "flavor"
+        )
         for pk, values in taken["workspaces"].items():  # [organization slug, workspace slug]
             for state in JobState.values:
                 count, oldest = taken["jobs"].get(f"{pk}:{state}", (0, None))
@@ -143,7 +149,15 @@ class SnapshotCollector:
             used.add_metric(values, round(taken["gpu_hours"].get(pk, 0.0), 6))
             if quota.get("gpu_hours_budget") is not None:
                 budget.add_metric(values, quota["gpu_hours_budget"])
+            # Typed flavors only (the totals count the untyped), each one the workspace held
+            # now or used this month: one that is held no more reads 0, not absent.
+            flavors_held = taken.get("flavors_reserved", {}).get(pk, {})
+            flavors_used = taken.get("flavor_gpu_hours", {}).get(pk, {})
+            for flavor in sorted({*flavors_held, *flavors_used}):
+                flavor_reserved.add_metric([*values, flavor], flavors_held.get(flavor, 0.0))
+                flavor_used.add_metric([*values, flavor], round(flavors_used.get(flavor, 0.0), 6))
         yield from (jobs, since, pending, guaranteed, limit, reserved, used, budget)
+        yield from (flavor_reserved, flavor_used)
         capacity = GaugeMetricFamily(
             "manta_org_capacity",
             "Organisation capacity (where set)",
@@ -168,11 +182,32 @@ class SnapshotCollector:
         for queue, value in taken["queue_depth"].items():
             depth.add_metric([queue], value)
         yield depth
+        yield from _warm_pool_families(taken.get("warm_pools") or {})
         yield GaugeMetricFamily(
             "manta_worker_heartbeat_timestamp_seconds",
             "When a worker's sweep last took these levels",
             value=taken["taken_at"],
         )
+
+
+def _warm_pool_families(pools: dict[str, dict]) -> list[GaugeMetricFamily]:
+    labels = ["organization", "target", "pool"]
+    size = GaugeMetricFamily("manta_warm_pool_size", "Warm clusters a pool keeps", labels=labels)
+    clusters = GaugeMetricFamily(
+        "manta_warm_pool_clusters", "A warm pool's clusters by state", labels=[*labels, "state"]
+    )
+    age = GaugeMetricFamily(
+        "manta_warm_pool_oldest_idle_seconds",
+        "How long a pool's oldest idle cluster has waited (0: none idle)",
+        labels=labels,
+    )
+    for pk, level in pools.items():
+        names = [*level["labels"], pk]
+        size.add_metric(names, level["size"])
+        for state, count in level["clusters"].items():
+            clusters.add_metric([*names, state], count)
+        age.add_metric(names, level["oldest_idle_seconds"])
+    return [size, clusters, age]
 
 
 class MetricsView(APIView):

@@ -82,3 +82,13 @@ def launch_phase(job, phase: str) -> Iterator[None]:
     started = time.monotonic()
     yield
     metrics.LAUNCH_PHASE.labels(**metrics.tenant(job), phase=phase).observe(metrics.since(started))
+
+
+def warm_claim(pool, *, hit: bool) -> None:
+    """An attempt of a warm pool's shape took a warm cluster (a hit) or started cold (a miss)."""
+    metrics.WARM_CLAIMS.labels(
+        organization=pool.organization.slug,
+        target=pool.target_name,
+        pool=str(pool.pk),
+        result="hit" if hit else "miss",
+    ).inc()

@@ -35,7 +35,7 @@ from quotas.models import RESOURCES, OrgQuota, QuotaGroup, WorkspaceQuota
 from workspaces.models import Workspace
 
 from .admission import ledger_for
-from .models import Job, JobAttempt, JobState
+from .models import Job, JobAttempt, JobState, WarmPool
 
 logger = logging.getLogger(__name__)
 CACHE_KEY = "metrics:snapshot:v1"
@@ -120,9 +120,11 @@ def snapshot_refresh(*, drift: dict[str, int] | None = None) -> dict[str, Any]:
         "capacity": _capacity(),
         "reserved": reserved,
         "groups": _groups(reserved),
-        "gpu_hours": _gpu_hours(now),
+        **_gpu_hours(now),
+        "flavors_reserved": _flavors_reserved(),
         "drift": drift,
         "queue_depth": _queue_depth(),
+        "warm_pools": _warm_pools(now),
     }
     try:
         cache.set(CACHE_KEY, snapshot, timeout=None)
@@ -234,22 +236,64 @@ def _reserved() -> dict[str, dict[str, float]]:
     }
 
 
-def _gpu_hours(now) -> dict[str, float]:
+def _flavors_reserved() -> dict[str, dict[str, float]]:
+    """The GPUs each workspace's reservations hold, by GPU flavor (typed ones only: the
+    totals already count the untyped)."""
+    rows = (
+        quota_selectors.active_reservations()
+        .exclude(gpu_flavor="")
+        .order_by()
+        .values_list("workspace_id", "gpu_flavor")
+        .annotate(gpus=Sum("gpu"))
+    )
+    held: dict[str, dict[str, float]] = {}
+    for ws_id, flavor, gpus in rows:
+        held.setdefault(str(ws_id), {})[flavor] = gpus or 0.0
+    return held
+
+
+def _gpu_hours(now) -> dict[str, dict]:
     """GPU-hours of each workspace's attempts this month (``jobs/accounting.py``'s measure),
-    from one read of this month's GPU attempts."""
+    in all (``gpu_hours``) and by typed GPU flavor (``flavor_gpu_hours``), from one read of
+    this month's GPU attempts."""
     since = month_start(now)
     used: dict[str, float] = {}
+    by_flavor: dict[str, dict[str, float]] = {}
     attempts = (
         JobAttempt.objects.filter(running_at__isnull=False, job__requested_gpu__gt=0)
         .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=since))
-        .values_list("job__workspace_id", "running_at", "finished_at", "job__requested_gpu")
+        .values_list(
+            "job__workspace_id", "running_at", "finished_at", "job__requested_gpu", "gpu_flavor"
+        )
     )
-    for ws_id, running_at, finished_at, gpu in attempts:
+    for ws_id, running_at, finished_at, gpu, flavor in attempts:
         start, end = max(running_at, since), finished_at or now
         if end > start:
-            key = str(ws_id)
-            used[key] = used.get(key, 0.0) + (end - start).total_seconds() / 3600 * gpu
-    return used
+            key, hours = str(ws_id), (end - start).total_seconds() / 3600 * gpu
+            used[key] = used.get(key, 0.0) + hours
+            if flavor:
+                flavors = by_flavor.setdefault(key, {})
+                flavors[flavor] = flavors.get(flavor, 0.0) + hours
+    return {"gpu_hours": used, "flavor_gpu_hours": by_flavor}
+
+
+def _warm_pools(now) -> dict[str, dict[str, Any]]:
+    """Each warm pool's size and clusters by state, and the age of its oldest idle cluster
+    (one query)."""
+    levels = {}
+    states = ("starting", "idle", "claimed", "retiring")
+    rows = WarmPool.objects.values_list("pk", "organization__slug", "target_name", "size").annotate(
+        **{state: Count("clusters", filter=Q(clusters__state=state)) for state in states},
+        oldest=Min("clusters__ready_at", filter=Q(clusters__state="idle")),
+    )
+    for pk, org, target, size, *counts, oldest in rows:
+        levels[str(pk)] = {
+            "labels": [org, target],
+            "size": size,
+            "clusters": dict(zip(states, counts, strict=True)),
+            "oldest_idle_seconds": (now - oldest).total_seconds() if oldest else 0.0,
+        }
+    return levels
 
 
 def _queue_depth() -> dict[str, int]:

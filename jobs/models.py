@@ -158,6 +158,14 @@ class Job(models.Model):
         return self.spec.get("max_runtime_seconds", 0)
 
     @property
+    def gpu_flavors(self) -> tuple[str, ...]:
+        """The GPU flavors the job accepts, in order (empty: any); admission's queue scan
+        reads them alone, as an annotation (``scanned_gpu_flavor``)."""
+        if "scanned_gpu_flavor" in self.__dict__:
+            return tuple(self.__dict__["scanned_gpu_flavor"] or ())
+        return tuple(self.spec.get("gpu_flavor") or ())
+
+    @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 
@@ -187,6 +195,8 @@ class JobAttempt(models.Model):
     target_kind = models.CharField(max_length=16)
     target_name = models.CharField(max_length=64)
     cluster_name = models.CharField(max_length=63)
+    # The GPU flavor admission chose for this attempt ("": untyped GPUs, or none).
+    gpu_flavor = models.CharField(max_length=32, blank=True, default="", db_default="")
     dashboard_url = models.CharField(max_length=200, blank=True)
     # The launcher's handle (addresses, process groups, cluster token), encrypted at rest.
     handle_encrypted = models.TextField(blank=True)
@@ -266,3 +276,94 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}: {self.from_state or '∅'} → {self.to_state} ({self.kind})"
+
+
+class WarmPool(models.Model):
+    """Warm clusters of one shape for one of an organisation's ``local`` compute targets: an
+    org admin says how many to keep started ahead of need (``size``; 0, the default, keeps
+    none) and how long an unused one may idle before it is stopped (``jobs/pools.py``)."""
+
+    organization = models.ForeignKey(
+        "workspaces.Organization", on_delete=models.CASCADE, related_name="+"
+    )
+    target_name = models.CharField(max_length=64)  # a local ComputeTarget's name, or "local"
+    # The cluster's shape: image, head and worker groups (a job spec's node fields), and its
+    # key (jobs.pools.shape_key): what a job must match, node for node, to take one.
+    spec = models.JSONField()
+    shape_key = models.CharField(max_length=64)
+    size = models.PositiveIntegerField(default=0)
+    idle_timeout_seconds = models.PositiveIntegerField(default=600)
+    # What one of its clusters holds of the host (what a job of its shape reserves).
+    cpu = models.FloatField(default=0)
+    memory_gb = models.FloatField(default=0)
+    gpu = models.FloatField(default=0)
+    disk_gb = models.FloatField(default=0)
+    hits = models.PositiveBigIntegerField(default=0)  # attempts that took a warm cluster
+    misses = models.PositiveBigIntegerField(default=0)  # attempts of its shape that found none
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization", "target_name", "shape_key"], name="uniq_warm_pool_shape"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"warm pool {self.pk} of {self.target_name} ({self.size})"
+
+
+class WarmClusterState(models.TextChoices):
+    STARTING = "starting"  # a worker is bringing it up
+    IDLE = "idle"  # up, waiting for an attempt
+    CLAIMED = "claimed"  # handed to exactly one attempt, which tears it down
+    RETIRING = "retiring"  # to be stopped: timed out, yielded to admitted work, pool shrunk
+    STOPPED = "stopped"
+
+
+# The states whose clusters hold part of the host that no reservation covers.
+WARM_HOLDING = frozenset(
+    {WarmClusterState.STARTING, WarmClusterState.IDLE, WarmClusterState.RETIRING}
+)
+
+
+class WarmCluster(models.Model):
+    """One cluster of a warm pool, started in a fresh sandbox with a fresh token before any
+    tenant is known. The row is the truth: the sweep reconciles it with the processes."""
+
+    pool = models.ForeignKey(WarmPool, on_delete=models.PROTECT, related_name="clusters")
+    state = models.CharField(
+        max_length=16, choices=WarmClusterState.choices, default=WarmClusterState.STARTING
+    )
+    handle_encrypted = models.TextField(blank=True)  # holds the token: encrypted at rest
+    cpu = models.FloatField(default=0)
+    memory_gb = models.FloatField(default=0)
+    gpu = models.FloatField(default=0)
+    disk_gb = models.FloatField(default=0)
+    # The worker process starting it (pid and start time on this host): a row left
+    # ``starting`` by a process that is gone is reconciled by the sweep.
+    starter_pid = models.PositiveIntegerField(null=True, blank=True)
+    starter_start = models.BigIntegerField(null=True, blank=True)
+    attempt = models.OneToOneField(
+        JobAttempt, null=True, blank=True, on_delete=models.SET_NULL, related_name="warm_cluster"
+    )
+    stop_reason = models.CharField(max_length=32, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["pool", "state"], name="warm_pool_state_idx")]
+
+    def __str__(self) -> str:
+        return f"warm cluster {self.pk} ({self.state})"
+
+    @property
+    def submission_id(self) -> str:
+        """What its handle says until an attempt claims it (never a uuid, so the sweep's stray
+        check leaves it to the pool's)."""
+        return f"warm-{self.pk}"

@@ -73,6 +73,7 @@ class Running:
     requested: dict[str, float]
     foreign: bool  # another organisation's, on the shared local host: only the host's count
     ends: tuple[float, float]  # (p50, p90)
+    gpu_flavor: str = ""  # the GPU flavor it holds
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -89,6 +90,7 @@ class Queued:
     max_runtime_seconds: int
     template_id: int | None
     state: str = JobState.QUEUED
+    gpu_flavors: tuple[str, ...] = ()  # the GPU flavors it accepts, in order (empty: any)
 
 
 class SimulatedQueue:
@@ -178,6 +180,7 @@ def _queue(job: Job, now: dt.datetime) -> tuple[list[Queued], Queued | None]:
             *(f"requested_{name}" for name in RESOURCES),
             "scanned_max_runtime",
             "template_id",
+            "scanned_gpu_flavor",
         )[: MAX_AHEAD + 1]
     )
     queue = [
@@ -190,8 +193,9 @@ def _queue(job: Job, now: dt.datetime) -> tuple[list[Queued], Queued | None]:
             dict(zip(RESOURCES, amounts, strict=True)),
             max_runtime or 0,
             template_id,
+            gpu_flavors=tuple(flavors or ()),
         )
-        for pk, ws_id, priority, queued_at, *amounts, max_runtime, template_id in rows
+        for pk, ws_id, priority, queued_at, *amounts, max_runtime, template_id, flavors in rows
     ]
     if job.pk is not None and job.state == JobState.QUEUED:
         queue = queue[:MAX_AHEAD]
@@ -206,6 +210,7 @@ def _queue(job: Job, now: dt.datetime) -> tuple[list[Queued], Queued | None]:
         job.requested,
         job.max_runtime_seconds,
         job.template_version.template_id if job.template_version_id else None,
+        gpu_flavors=job.gpu_flavors,
     )
     key = (-subject.priority, now, VIRTUAL_PK)
     ahead = [queued for queued in queue if (-queued.priority, queued.queued_at, queued.pk) < key]
@@ -234,6 +239,7 @@ def _running(organization_id: int, on_host: set[int]) -> list[tuple]:
             "created_at",
             "max_runtime",
             "template_id",
+            "gpu_flavor",
             *RESOURCES,
         )
     )
@@ -276,7 +282,8 @@ def _replay(
                 return clock, ahead
             ahead += 1
             runtime = runtimes[id(admitted_job)]
-            hold = Running(admitted_job.workspace_id, admitted_job.requested, False, (0, 0))
+            flavor = ledger.flavors.flavor_of(admitted_job) if ledger.flavors else ""
+            hold = Running(admitted_job.workspace_id, admitted_job.requested, False, (0, 0), flavor)
             end = clock + (runtime.p50, runtime.p90)[quantile]
             heapq.heappush(releases, (end, next(order), hold))
         if admitted:
@@ -336,7 +343,7 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
     rows = _running(job.organization_id, on_host)
     history = template_runtimes([row[4] for row in rows] + [queued.template_id for queued in queue])
     running = []
-    for org_id, ws_id, created, max_runtime, template_id, *amounts in rows:
+    for org_id, ws_id, created, max_runtime, template_id, flavor, *amounts in rows:
         elapsed = (now - created).total_seconds()
         runtime = _runtime(history.get(template_id), max_runtime)
         running.append(
@@ -345,6 +352,7 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
                 dict(zip(RESOURCES, amounts, strict=True)),
                 org_id != job.organization_id,
                 _remaining(runtime, elapsed),
+                flavor,
             )
         )
     runtimes = {

@@ -69,6 +69,7 @@ def preemption_candidates(organization_id: int) -> list[Held]:
             "min_runtime",
             "running_since",
             "job__state",
+            "gpu_flavor",
             *RESOURCES,
         )
     )
@@ -82,8 +83,9 @@ def preemption_candidates(organization_id: int) -> list[Held]:
             min_runtime_seconds=min_runtime or 0,
             running_since=since,
             leaving=state == JobState.PREEMPTING,
+            gpu_flavor=flavor,
         )
-        for job_id, ws_id, priority, at, min_runtime, since, state, *amounts in rows
+        for job_id, ws_id, priority, at, min_runtime, since, state, flavor, *amounts in rows
     ]
 
 

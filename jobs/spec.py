@@ -8,7 +8,11 @@ A spec is what a template version holds and what a job resolves to (template + o
                         "cpu", "memory_gb", "gpu", "disk_gb", "resources"}],
      "max_runtime_seconds", "min_runtime_seconds", "max_retries", "priority",
      "ttl_seconds_after_finished",
-     "code": {"source", "ref"}}
+     "code": {"source", "ref"},
+     "gpu_flavor": ["h100", "a100"]}
+
+``gpu_flavor`` (one GPU flavor or a list, in order of preference; stored as a list, absent when
+not given) says which types of GPU the job's GPUs may be: see ``quotas/flavors.py``.
 
 Validation is a DRF serializer so every error names its field (``worker_groups.1.name``). The
 image policy needs the organisation: pass it as ``context={"organization": org}``. A node's
@@ -22,9 +26,11 @@ import re
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from packaging.requirements import InvalidRequirement, Requirement
 from rest_framework import serializers
 
+from config.gpu_flavors import flavor_problem
 from config.strict import StrictSerializer
 from packages.models import GIT_REF, GIT_REF_RULE, MAX_REF
 
@@ -40,6 +46,7 @@ MAX_WORKER_GROUPS = 16
 MAX_ENTRYPOINT = 4096
 MAX_RUNTIME_SECONDS = 7 * 24 * 3600
 MIN_RAY_VERSION = (2, 6)
+MAX_GPU_FLAVORS = 8
 
 SPEC_FIELDS = (
     "image",
@@ -53,6 +60,7 @@ SPEC_FIELDS = (
     "priority",
     "ttl_seconds_after_finished",
     "code",
+    "gpu_flavor",
 )
 OVERRIDABLE = frozenset(SPEC_FIELDS)
 
@@ -236,6 +244,39 @@ class CodeSpec(StrictSerializer):
         return value
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "example": "h100"},
+            {"type": "array", "items": {"type": "string"}, "maxItems": MAX_GPU_FLAVORS},
+        ]
+    }
+)
+class GpuFlavorField(serializers.Field):
+    """One GPU flavor (``"h100"``) or a list of acceptable ones in order of preference
+    (``["h100", "a100"]``), held as a list."""
+
+    default_error_messages = {
+        "shape": 'must be a GPU flavor or a list of them, e.g. "h100" or ["h100", "a100"]'
+    }
+
+    def to_internal_value(self, data: Any) -> list[str]:
+        names = [data] if isinstance(data, str) else data
+        if not isinstance(names, list) or not names:
+            self.fail("shape")
+        if len(names) > MAX_GPU_FLAVORS:
+            raise serializers.ValidationError(f"at most {MAX_GPU_FLAVORS} flavors")
+        for name in names:
+            if problem := flavor_problem(name):
+                raise serializers.ValidationError(problem)
+        if len(set(names)) != len(names):
+            raise serializers.ValidationError("each flavor at most once")
+        return list(names)
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
 class JobSpec(StrictSerializer):
     image = serializers.CharField(max_length=300)
     entrypoint = serializers.CharField(max_length=MAX_ENTRYPOINT, trim_whitespace=False)
@@ -260,8 +301,17 @@ class JobSpec(StrictSerializer):
         min_value=0, max_value=MAX_RUNTIME_SECONDS, required=False
     )
     code = CodeSpec(required=False)
+    gpu_flavor = GpuFlavorField(
+        required=False,
+        help_text="The GPU flavor(s) the job's GPUs may be, in order of preference, e.g. "
+        '"h100" or ["h100", "a100"]; absent: any flavor its compute target offers',
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("gpu_flavor") and not _asks_for_gpus(attrs):
+            raise serializers.ValidationError(
+                {"gpu_flavor": ["the job asks for no GPUs: give its head or workers a gpu count"]}
+            )
         if attrs.get("code") and (attrs.get("runtime_env") or {}).get("working_dir"):
             raise serializers.ValidationError(
                 {
@@ -341,6 +391,11 @@ class JobSpec(StrictSerializer):
         value["worker_groups"] = [_with_disk(group) for group in value["worker_groups"]]
         value["runtime_env"] = {k: v for k, v in value["runtime_env"].items() if v not in ({}, [])}
         return value
+
+
+def _asks_for_gpus(attrs: dict[str, Any]) -> bool:
+    nodes = [attrs.get("head") or {}, *(attrs.get("worker_groups") or [])]
+    return any(node.get("gpu") for node in nodes)
 
 
 def _with_disk(node: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from .following import follow_start
 from .launchers import launcher_for
 from .metrics_snapshot import snapshot_refresh
 from .models import ATTEMPT_ACTIVE, AttemptState, Job, JobAttempt, JobState
+from .pool_upkeep import WARM_PREFIX, pools_reconcile
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,10 @@ def sweep() -> dict[str, int]:
         dispatch.send(dispatch.EVICT, str(pk))
         counts["evict"] += 1
     counts["strays"] = _stop_strays()
+    try:  # warm pools: a failure there must not stop the sweep's real work
+        counts.update({f"warm_{k}": v for k, v in pools_reconcile().items()})
+    except Exception:
+        logger.exception("sweep: reconciling the warm pools failed")
     if Job.objects.filter(state=JobState.QUEUED).exists():
         dispatch.admit()
         counts["admit"] += 1
@@ -78,7 +83,13 @@ def _stop_strays() -> int:
     ids = [i for h in handles if isinstance(i := h.get("submission_id"), str) and _is_uuid(i)]
     owned = JobAttempt.objects.filter(pk__in=ids, torn_down_at__isnull=True)
     owners = {str(pk) for pk in owned.values_list("pk", flat=True)}
-    strays = [h for h in handles if h.get("submission_id") not in owners]
+    # A warm cluster no attempt has claimed is the pools' to reconcile (pool_upkeep).
+    strays = [
+        h
+        for h in handles
+        if h.get("submission_id") not in owners
+        and not str(h.get("submission_id", "")).startswith(WARM_PREFIX)
+    ]
     for handle in strays:
         logger.warning("stopping local cluster %s: its attempt ended", handle.get("cluster_name"))
         launcher.stop(handle)

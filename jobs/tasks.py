@@ -11,7 +11,7 @@ from django.db import InterfaceError, OperationalError
 from config.celery import send_many
 from packages import services as package_services
 
-from . import following, launching, preempting, selectors
+from . import following, launching, pool_upkeep, preempting, selectors
 from . import sweep as sweeping
 
 logger = logging.getLogger(__name__)
@@ -91,6 +91,16 @@ def preempt_attempt(attempt_id: str) -> None:
 @shared_task(name="manta.jobs.sweep", **DB_RETRY)
 def sweep() -> dict[str, int]:
     return sweeping.sweep()
+
+
+@shared_task(name="manta.jobs.pool_fill", **DB_RETRY)
+def pool_fill(pool_id: int) -> int:
+    return pool_upkeep.pool_fill(pool_id)
+
+
+@shared_task(name="manta.jobs.pool_stop", **DB_RETRY)
+def pool_stop(cluster_ids: list[int]) -> int:
+    return pool_upkeep.pool_stop(cluster_ids)
 
 
 # The packages' retention sweep runs here: only jobs know which packages a live job still needs.

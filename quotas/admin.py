@@ -150,6 +150,7 @@ class WorkspaceQuotaAdmin(OrgScopedAdmin):
             ("Limit", {"fields": [f"limit_{name}" for name in RESOURCES]}),
             ("Jobs and GPU budget", {"fields": BUDGET_FIELDS}),
             ("Fair share", {"fields": ["fair_share_weight"]}),
+            ("GPU flavors", {"fields": ["gpu_flavors"]}),
             ("Quota tree", {"fields": ["group", *(f"lending_limit_{n}" for n in RESOURCES)]}),
         ]
 

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from .flavors import FlavorBook, untracked_blocker
 from .models import RESOURCES, OrgQuota, QuotaGroup, WorkspaceQuota
 from .tree import ROOT, QuotaTree, over
 
@@ -64,6 +65,7 @@ class Held:
     running_since: dt.datetime | None = None
     # Already preempted, within its grace period: its capacity is on its way back.
     leaving: bool = False
+    gpu_flavor: str = ""  # the GPU flavor its reservation holds (quotas/flavors.py)
 
     def protected(self, now: dt.datetime) -> bool:
         """Whether the job is within its minimum runtime, so no victim: it asked for one and
@@ -150,6 +152,8 @@ class Ledger:
     # Fair share: each workspace's decayed past usage, and the half-life it decays with.
     past: dict[int, PastUsage] = dataclasses.field(default_factory=dict)
     half_life_seconds: float = 86_400.0
+    # GPU flavors: what of each type of GPU is allowed and held (None: flavors not counted).
+    flavors: FlavorBook | None = None
     # The quota groups between the organisation and its workspaces (none: a flat organisation).
     groups: dict[int, QuotaGroup] = dataclasses.field(default_factory=dict)
 
@@ -164,7 +168,20 @@ class Ledger:
 
     def blocker(self, claim: Claim) -> str:
         """Why ``claim`` does not fit now ('' when it does)."""
-        return self.workspace_blocker(claim) or self.org_blocker(claim) or self.host_blocker(claim)
+        return (
+            self.workspace_blocker(claim)
+            or self.org_blocker(claim)
+            or self.host_blocker(claim)
+            or self.flavor_blocker(claim)
+        )
+
+    def flavor_blocker(self, claim: Claim) -> str:
+        """Why no GPU flavor the claim accepts fits ('' when one does): what no preemption
+        changes yet, as flavors are not preempted. Where no flavor is counted, only a claim
+        that names one is blocked: nothing offers it."""
+        if self.flavors is None:
+            return untracked_blocker(claim)
+        return self.flavors.blocker(claim)
 
     def host_blocker(self, claim: Claim) -> str:
         """What of the local host's capacity (shared by every organisation) stops it."""
@@ -258,6 +275,8 @@ class Ledger:
         self.tree.hold(claim.workspace_id, claim.requested, sign, ws)
         if claim.workspace_id in self.on_host:
             self.host.add(claim.requested, sign)
+        if self.flavors is not None:
+            self.flavors.hold(claim, sign)
 
     def guarantee(self, workspace_id: int) -> dict[str, float]:
         quota = self.ws_quotas.get(workspace_id)

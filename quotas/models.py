@@ -42,6 +42,9 @@ class OrgQuota(models.Model):
     policy = models.CharField(max_length=16, choices=QueuePolicy.choices, default=QueuePolicy.FIFO)
     balanced_max_wait_seconds = models.PositiveIntegerField(default=600)
     preemption = models.BooleanField(default=False)
+    # Capacity per GPU flavor, e.g. {"h100": 8, "a100": 16} (quotas/flavors.py); a flavor not
+    # named has no cap of its own (``gpu`` still caps them all).
+    gpu_flavors = models.JSONField(default=dict, db_default={}, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
@@ -142,6 +145,9 @@ class WorkspaceQuota(models.Model):
     # lets it use twice as much as a workspace of weight 1 before it waits behind it.
     # db_default: a row written by a process of the previous release (during a deploy) weighs 1.
     fair_share_weight = models.FloatField(default=1.0, db_default=1.0)
+    # Guaranteed and limit per GPU flavor, e.g. {"h100": {"guaranteed": 2, "limit": 4}}
+    # (quotas/flavors.py); within the totals above.
+    gpu_flavors = models.JSONField(default=dict, db_default={}, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
@@ -174,6 +180,8 @@ class Reservation(models.Model):
     disk_gb = models.FloatField(default=0, db_default=0)
     # The shared host the job runs on ("local"), whose capacity binds every organisation.
     host = models.CharField(max_length=32, blank=True, default="")
+    # The GPU flavor its GPUs are of ("": untyped, or no GPUs).
+    gpu_flavor = models.CharField(max_length=32, blank=True, default="", db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
     released_at = models.DateTimeField(null=True, blank=True)
 

@@ -9,6 +9,9 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Sum
 
+from config.gpu_flavors import UNTYPED
+
+from .flavors import FlavorBook, Pool
 from .ledger import EPSILON, Ledger, PastUsage, Usage
 from .models import (
     RESOURCES,
@@ -80,6 +83,18 @@ def reserved(workspace) -> dict[str, float]:
     return {name: held[name] or 0.0 for name in RESOURCES}
 
 
+def reserved_by_flavor(workspace) -> dict[str, float]:
+    """The GPUs the workspace's launching and running jobs hold, by GPU flavor."""
+    held = (
+        active_reservations()
+        .filter(workspace=workspace, gpu__gt=0)
+        .order_by()
+        .values_list("gpu_flavor")
+        .annotate(gpus=Sum("gpu"))
+    )
+    return dict(held)
+
+
 def ledger_for(
     organization_id: int,
     *,
@@ -87,10 +102,12 @@ def ledger_for(
     host: str,
     host_capacity: Callable[[], dict[str, float | None]],
     gpu_hours_used: Callable[[WorkspaceQuota], float],
+    gpu_pools: Callable[[], dict[int, Pool]] | None = None,
 ) -> Ledger:
     """What the organisation holds, against its limits and those of the shared host ``host``
     (``on_host``: its workspaces that launch there). ``gpu_hours_used`` gives what a workspace
-    with a GPU budget has used this period."""
+    with a GPU budget has used this period; ``gpu_pools``, the GPU flavors each workspace's
+    target offers (without it, flavors are not counted)."""
     ws: dict[int, Usage] = defaultdict(Usage)
     org = Usage()
     rows = (
@@ -129,6 +146,9 @@ def ledger_for(
         },
         past=past_usage(organization_id) if org_q and org_q.policy in PAST_USAGE_POLICIES else {},
         half_life_seconds=half_life_seconds(),
+        flavors=flavor_book(organization_id, org_q, ws_quotas, gpu_pools(), host)
+        if gpu_pools is not None
+        else None,
         groups=quota_groups(organization_id),
     )
 
@@ -136,6 +156,57 @@ def ledger_for(
 def quota_groups(organization_id: int) -> dict[int, QuotaGroup]:
     """The organisation's quota groups by id (one query)."""
     return {group.pk: group for group in QuotaGroup.objects.filter(organization_id=organization_id)}
+
+
+def flavor_book(
+    organization_id: int,
+    org_q: OrgQuota | None,
+    ws_quotas: dict[int, WorkspaceQuota],
+    pools: dict[int, Pool],
+    host: str,
+) -> FlavorBook | None:
+    """What each GPU flavor allows and holds for the organisation (None when no pool and no
+    quota of it names a flavor: then flavors change nothing, and cost no query): its
+    reservations' GPUs by workspace and flavor, and on the shared host, every organisation's
+    by flavor (two queries, the second only when a workspace launches there)."""
+    typed = any(set(pool.flavors) - {UNTYPED} for pool in pools.values())
+    quoted = bool(org_q and org_q.gpu_flavors) or any(q.gpu_flavors for q in ws_quotas.values())
+    if not typed and not quoted:
+        return None
+    return _flavor_book(organization_id, org_q, ws_quotas, pools, host)
+
+
+def _flavor_book(
+    organization_id: int,
+    org_q: OrgQuota | None,
+    ws_quotas: dict[int, WorkspaceQuota],
+    pools: dict[int, Pool],
+    host: str,
+) -> FlavorBook:
+    book = FlavorBook(
+        org_capacity=dict(org_q.gpu_flavors) if org_q else {},
+        ws_quotas={ws: dict(q.gpu_flavors) for ws, q in ws_quotas.items() if q.gpu_flavors},
+        pools=pools,
+    )
+    held = (
+        active_reservations()
+        .filter(organization_id=organization_id, gpu__gt=0)
+        .order_by()
+        .values_list("workspace_id", "gpu_flavor")
+        .annotate(gpus=Sum("gpu"))
+    )
+    host_key = next((p.key for p in pools.values() if p.key == f"host:{host}"), None)
+    for ws_id, flavor, gpus in held:
+        book.org_held[flavor] += gpus
+        book.ws_held[ws_id][flavor] += gpus
+        pool = book.pool(ws_id)
+        if pool.key != host_key:  # a target's pool is this organisation's alone
+            book.pool_held[pool.key][flavor] += gpus
+    if host_key is not None:
+        on_host = active_reservations().filter(host=host, gpu__gt=0)
+        for flavor, gpus in on_host.order_by().values_list("gpu_flavor").annotate(gpus=Sum("gpu")):
+            book.pool_held[host_key][flavor] += gpus
+    return book
 
 
 def half_life_seconds() -> float:

@@ -16,6 +16,7 @@ from config.errors import Conflict, InvalidInput
 from outbox.services import event_emit
 from workspaces.archive import require_active
 
+from . import flavors
 from .ledger import Claim, PastUsage, accrued
 from .models import (
     RESOURCES,
@@ -35,12 +36,13 @@ ORG_FIELDS = [
     "policy",
     "balanced_max_wait_seconds",
     "preemption",
+    "gpu_flavors",
 ]
 WS_FIELDS = (
     [f"guaranteed_{r}" for r in RESOURCES]
     + [f"limit_{r}" for r in RESOURCES]
     + ["max_running_jobs", "max_queued_jobs", "gpu_hours_per_month", "budget_action"]
-    + ["fair_share_weight", "group_id"]
+    + ["fair_share_weight", "gpu_flavors", "group_id"]
     + [f"lending_limit_{r}" for r in RESOURCES]
 )
 GROUP_FIELDS = (
@@ -71,6 +73,21 @@ def _tree_rows(organization, *, lock: bool) -> tuple[OrgQuota, list[QuotaGroup]]
     return org_q, list(groups.select_for_update() if lock else groups)
 
 
+def _check_flavors(org_q: OrgQuota, ws_quotas: list[WorkspaceQuota]) -> None:
+    """The GPU flavor quotas are well formed (``quotas/flavors.py``) and, per flavor, as for
+    the totals: guaranteed ≤ limit ≤ capacity, Σ guaranteed ≤ capacity."""
+    errors = flavors.org_capacity_problems(org_q.gpu_flavors)
+    for quota in ws_quotas:
+        errors = errors or flavors.workspace_quota_problems(quota.gpu_flavors)
+    if not errors:
+        errors = flavors.consistency_problems(
+            org_q.gpu_flavors, [quota.gpu_flavors for quota in ws_quotas]
+        )
+    if errors:
+        field, messages = next(iter(errors.items()))
+        raise InvalidInput(f"{field}: {messages[0]}", errors=errors)
+
+
 def _check_weight(quota: WorkspaceQuota) -> None:
     """A fair-share weight divides the workspace's share: 0 would divide by 0, and a negative
     weight would put the heaviest user first."""
@@ -94,7 +111,10 @@ def org_quota_update(*, actor: Actor, organization, data: dict[str, Any]) -> Org
         data=data,
         actor=actor,
         action="quota.update",
-        validate=lambda _: _check_consistency(quota, ws_quotas),
+        validate=lambda _: (
+            _check_consistency(quota, ws_quotas),
+            _check_flavors(quota, ws_quotas),
+        ),
         full_clean=False,
         target_repr=f"quota of {organization.slug}",
         organization=organization,
@@ -122,6 +142,7 @@ def workspace_quota_update(*, actor: Actor, workspace, data: dict[str, Any]) -> 
         validate=lambda _: (
             _check_weight(quota),
             _check_consistency(org_q, [*others, quota], groups),
+            _check_flavors(org_q, [*others, quota]),
         ),
         full_clean=False,
         target_repr=f"quota of {workspace}",
@@ -234,10 +255,17 @@ def _check_group_weight(group: QuotaGroup) -> None:
 
 
 def reservations_hold(
-    claims: Iterable[Claim], *, organization_id: int, on_host: set[int], host: str
+    claims: Iterable[Claim],
+    *,
+    organization_id: int,
+    on_host: set[int],
+    host: str,
+    gpu_flavors: dict[int, str] | None = None,
 ) -> None:
     """Reserve what each admitted job asks for, in the caller's (admission) transaction; a
-    workspace in ``on_host`` reserves on the shared host ``host`` as well."""
+    workspace in ``on_host`` reserves on the shared host ``host`` as well. ``gpu_flavors``:
+    the GPU flavor admission chose for each claim (by pk; untyped when absent)."""
+    gpu_flavors = gpu_flavors or {}
     copy_insert(
         Reservation,
         (
@@ -246,6 +274,7 @@ def reservations_hold(
                 organization_id=organization_id,
                 workspace_id=claim.workspace_id,
                 host=host if claim.workspace_id in on_host else "",
+                gpu_flavor=gpu_flavors.get(claim.pk, ""),
                 **claim.requested,
             )
             for claim in claims

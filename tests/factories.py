@@ -36,6 +36,9 @@ from jobs.models import (
     JobState,
     JobTemplate,
     JobTemplateVersion,
+    WarmCluster,
+    WarmClusterState,
+    WarmPool,
 )
 from jobs.services import requested_for
 from jobs.spec import validate_spec
@@ -610,6 +613,52 @@ class JobAttemptFactory(DjangoModelFactory):
     target_kind = ComputeTargetKind.LOCAL
     target_name = "local"
     cluster_name = factory.LazyAttribute(lambda o: f"manta-{o.job.pk}-{o.number}")
+
+
+WARM_SHAPE = {
+    "image": "rayproject/ray:2.60.0",
+    "head": {"cpu": 0, "memory_gb": 1},
+    "worker_groups": [{"name": "workers", "replicas": 1, "cpu": 1, "memory_gb": 1}],
+}
+
+
+class WarmPoolFactory(DjangoModelFactory):
+    """A pool of the counter example's shape on the built-in local target, made by the service
+    (its shape validated, its key and footprint computed), sized 0 unless ``size`` says."""
+
+    class Meta:
+        model = WarmPool
+
+    organization = factory.SubFactory(OrganizationFactory)
+    size = 0
+
+    @classmethod
+    def _create(cls, model_class, *args, organization, size=0, **kwargs):
+        from jobs import pools
+
+        spec = kwargs.pop("spec", WARM_SHAPE)
+        pool = pools.pool_create(
+            actor=SYSTEM, organization=organization, target_name="local", spec=spec, size=0
+        )
+        if size:  # set directly: a factory starts nothing
+            WarmPool.objects.filter(pk=pool.pk).update(size=size)
+            pool.size = size
+        return pool
+
+
+class WarmClusterFactory(DjangoModelFactory):
+    """An idle warm cluster row of a pool (no processes behind it: its handle is empty)."""
+
+    class Meta:
+        model = WarmCluster
+
+    pool = factory.SubFactory(WarmPoolFactory)
+    state = WarmClusterState.IDLE
+    ready_at = factory.LazyFunction(timezone.now)
+    cpu = factory.SelfAttribute("pool.cpu")
+    memory_gb = factory.SelfAttribute("pool.memory_gb")
+    gpu = factory.SelfAttribute("pool.gpu")
+    disk_gb = factory.SelfAttribute("pool.disk_gb")
 
 
 class JobEventFactory(DjangoModelFactory):

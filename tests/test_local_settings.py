@@ -33,6 +33,11 @@ def load(**env: str) -> subprocess.CompletedProcess:
         ("MANTA_LOCAL_UID_RANGE", "1000-99999999999", "within 1000"),
         ("MANTA_LOCAL_GPUS", "../../etc/passwd", "device indices"),
         ("MANTA_LOCAL_GPUS", "99999999", "device indices"),
+        ("MANTA_LOCAL_GPUS", "h100:0,1;a100:1,2", "device 1 is in two groups"),
+        ("MANTA_LOCAL_GPUS", "H100:0,1", "lowercase letters"),
+        ("MANTA_LOCAL_GPUS", "gpu:0,1", "not 'gpu' or 'any'"),
+        ("MANTA_LOCAL_GPUS", "h100:0;h100:1", "named twice"),
+        ("MANTA_LOCAL_GPUS", "h100:", "device indices must be numbers"),
         ("MANTA_LOCAL_PIDS_PER_NODE", "-1", "between 64"),
         ("MANTA_LOCAL_PIDS_PER_NODE", "lots", "whole number"),
         ("MANTA_LOCAL_NODE_OVERHEAD_GB", "1e400", "between"),
@@ -72,6 +77,20 @@ def test_good_local_settings_load():
     done = load(MANTA_LOCAL_GPUS="0,2,2", MANTA_LOCAL_CAPACITY="cpu=8,gpu=2,disk_gb=500")
     assert done.returncode == 0, done.stderr[-800:]
     assert done.stdout.strip() == "('0', '2')"
+
+
+def test_a_typed_inventory_loads_with_each_devices_flavor():
+    done = subprocess.run(
+        [sys.executable, "-c", "import config.settings as s; "
+         "print(s.MANTA_LOCAL_GPUS, s.MANTA_LOCAL_GPU_FLAVORS)"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "MANTA_VAR_DIR": "/tmp/manta-settings-check",
+             "MANTA_LOCAL_GPUS": " h100:0,1 ; a100:4,5;2"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-800:]
+    assert done.stdout.strip() == (
+        "('0', '1', '4', '5', '2') {'0': 'h100', '1': 'h100', '4': 'a100', '5': 'a100'}"
+    )
 
 
 @pytest.mark.parametrize(

@@ -90,6 +90,16 @@ def jobs(world, ids, n):
         f.JobAttemptFactory(job=running)
 
 
+WARM_SHAPES = itertools.count(2)  # 0: the factory's own shape
+
+
+def warm_pools(world, ids, n):
+    """Pools of n shapes (a shape is unique per target), each with an idle cluster."""
+    for _ in range(n):
+        shape = {**f.WARM_SHAPE, "head": {"cpu": next(WARM_SHAPES), "memory_gb": 1}}
+        f.WarmClusterFactory(pool=f.WarmPoolFactory(organization=world.org, spec=shape))
+
+
 def template_versions(world, ids, n):
     template = JobTemplate.objects.get(pk=ids["templates"])
     for _ in range(n):
@@ -107,6 +117,7 @@ BUDGETS: dict[str, Budget] = {
         batch(f.AuditEventFactory, organization=org, workspace=ws, target=ws, actor=owner_actor),
     ),
     "compute_targets_list": Budget(4, batch(f.ComputeTargetFactory, organization=org)),
+    "warm_pools_list": Budget(4, warm_pools),
     "invitations_list": Budget(4, batch(f.InvitationFactory, organization=org)),
     "org_users_list": Budget(4, batch(f.OrgMembershipFactory, organization=org)),
     "workspaces_list": Budget(4, batch(f.WorkspaceFactory, organization=org)),

@@ -14,6 +14,7 @@ from drf_spectacular.generators import SchemaGenerator
 
 from config import ssrf
 from packages import services as package_services
+from tests import factories as f
 from tests.conftest import SYSTEM
 from tests.jobs import test_matrix as jobs_matrix
 from tests.matrix import (
@@ -69,6 +70,13 @@ def a_target(world):
     return {"target": target.pk}
 
 
+def a_pool(world):
+    return {"pool": f.WarmPoolFactory(organization=world.org).pk}
+
+
+WARM_SHAPE = {"spec": f.WARM_SHAPE, "size": 0}
+
+
 def zip_bytes() -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
@@ -109,6 +117,13 @@ CASES = [
          params=a_target),
     Case("compute_target_delete", "DELETE", ORG + "compute-targets/{target}/", ORG_ADMINS, 204,
          audit="compute_target.delete", ws_scoped=False, params=a_target),
+    Case("warm_pools_list", "GET", ORG + "warm-pools/", IN_ORG, ws_scoped=False),
+    Case("warm_pools_create", "POST", ORG + "warm-pools/", ORG_ADMINS, 201, body=WARM_SHAPE,
+         audit="warm_pool.create", ws_scoped=False),
+    Case("warm_pool_retrieve", "GET", ORG + "warm-pools/{pool}/", IN_ORG, ws_scoped=False,
+         params=a_pool),
+    Case("warm_pool_update", "PATCH", ORG + "warm-pools/{pool}/", ORG_ADMINS,
+         body={"size": 1}, audit="warm_pool.update", ws_scoped=False, params=a_pool),
     Case("template_versions", "GET", WS + "templates/{template}/versions/", WS_VISIBLE,
          params=jobs_matrix.a_template),
     Case("job_logs", "GET", WS + "jobs/{job}/logs/", WS_VISIBLE, params=a_job),

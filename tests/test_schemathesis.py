@@ -44,6 +44,7 @@ from notifications import services as webhook_services
 from packages import services as package_services
 from packages import sources
 from tests.conftest import PASSWORD, SYSTEM
+from tests.factories import WARM_SHAPE, WarmPoolFactory
 from tests.jobs.conftest import counter_spec
 from tests.test_route_matrix import zip_bytes
 from workspaces import compute_targets, identity
@@ -108,6 +109,7 @@ class Rows:
     ws_delivery: int
     org_hook: int
     org_delivery: int
+    pool: int
 
 
 def build_rows(world) -> Rows:
@@ -174,6 +176,7 @@ def build_rows(world) -> Rows:
         ws_delivery=hooks["ws"][1],
         org_hook=hooks["org"][0],
         org_delivery=hooks["org"][1],
+        pool=WarmPoolFactory(organization=world.org).pk,
     )
 
 
@@ -189,6 +192,7 @@ def path_parameters(path: str, world, rows: Rows, who: str) -> dict[str, object]
         "templates": rows.template,
         "jobs": rows.job,
         "webhooks": rows.org_hook if org_level else rows.ws_hook,
+        "warm-pools": rows.pool,
     }
     values = {
         "org": world.org.slug,
@@ -210,6 +214,7 @@ def bodies_naming_rows(operation_id: str, world, rows: Rows, who: str) -> list[d
         "invitation_accept": [{"token": rows.invitation_token[who]}],
         "jobs_submit": [{"template": rows.template, "overrides": {"priority": 7}}],
         "compute_target_update": [{"config": RAY["config"]}],
+        "warm_pools_create": [{"spec": {**WARM_SHAPE, "head": {"cpu": 2}}}],
         "workspace_members_create": [{"email": "member@acme.test", "role": "viewer"}],
         "workspace_members_update": [{"role": "viewer"}],
     }.get(operation_id, [])

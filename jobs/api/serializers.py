@@ -167,7 +167,11 @@ class AttemptOutput(serializers.ModelSerializer):
             "phases",
             "preempting_at",
             "preempted_gpu_seconds",
+            "gpu_flavor",
         ]
+        extra_kwargs = {
+            "gpu_flavor": {"help_text": "The GPU flavor admission chose ('': untyped, or none)"}
+        }
 
     def get_dashboard_url(self, attempt) -> str:
         # Not the cluster's own address: that is a port on the worker host, behind its token.
@@ -286,6 +290,10 @@ class JobOutput(serializers.ModelSerializer):
     decided_by = serializers.EmailField(source="decided_by.email", allow_null=True, default=None)
     state = serializers.ChoiceField(choices=JobState.choices)
     attempts = AttemptOutput(many=True, read_only=True)
+    gpu_flavor = serializers.SerializerMethodField(
+        help_text="The GPU flavor its latest admission chose ('': untyped GPUs, or no GPUs; "
+        "null before its first admission); spec.gpu_flavor says which it accepts"
+    )
     queue = serializers.SerializerMethodField(
         help_text="While queued: position in the organisation's queue, what it waits for and "
         "the predicted start. A submission's answer has it only with ?include=position (null "
@@ -318,8 +326,13 @@ class JobOutput(serializers.ModelSerializer):
             "finished_at",
             "updated_at",
             "attempts",
+            "gpu_flavor",
             "queue",
         ]
+
+    def get_gpu_flavor(self, job) -> str | None:
+        attempts = list(job.attempts.all())  # prefetched with the job
+        return max(attempts, key=lambda a: a.number).gpu_flavor if attempts else None
 
     @extend_schema_field(QueueOutput(allow_null=True))
     def get_queue(self, job) -> dict | None:

@@ -1,6 +1,7 @@
 from django.urls import path
 
 from .dashboard import WRITE_METHODS, JobDashboardViewSet
+from .pools import WarmPoolViewSet
 from .usage import WorkspaceUsageView
 from .views import JobViewSet, TemplateViewSet
 
@@ -9,7 +10,14 @@ DASHBOARD = JobDashboardViewSet.as_view(
     {"get": "proxy", "head": "proxy", **dict.fromkeys(WRITE_METHODS, "refuse")}
 )
 
+ORG = "orgs/<slug:org>/"
+
 urlpatterns = [
+    path(ORG + "warm-pools/", WarmPoolViewSet.as_view({"get": "list", "post": "create"})),
+    path(
+        ORG + "warm-pools/<int:pk>/",
+        WarmPoolViewSet.as_view({"get": "retrieve", "patch": "partial_update"}),
+    ),
     path(WS + "usage/", WorkspaceUsageView.as_view({"get": "retrieve"})),
     path(WS + "templates/", TemplateViewSet.as_view({"get": "list", "post": "create"})),
     path(

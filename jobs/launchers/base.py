@@ -49,6 +49,9 @@ class LaunchRequest:
     # Code packages the spec names (runtime_env.working_dir "manta://packages/<sha256>"), each
     # with a path on this host holding its zip; the launcher hands them to the cluster.
     packages: dict[str, str] = dataclasses.field(default_factory=dict)
+    # The GPU flavor admission chose ("h100"; "": untyped GPUs, or none): the GPU nodes get
+    # only devices (local) or nodes (kuberay) of that type.
+    gpu_flavor: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,11 +1,44 @@
 from rest_framework import serializers
 
-from config.strict import ReplaceMixin, StrictModelSerializer
+from config.gpu_flavors import flavor_problem
+from config.strict import ReplaceMixin, StrictModelSerializer, StrictSerializer
+from quotas.flavors import normalised_workspace_quota
 from quotas.models import RESOURCES, OrgQuota, QuotaGroup, WorkspaceQuota
 
 AMOUNT = {"min_value": 0, "max_value": 1_000_000, "required": False, "allow_null": True}
 # A quota nobody has set yet is the default one, not a row: it was never updated.
 UPDATED_AT = {"read_only": True, "allow_null": True, "help_text": "null until first set"}
+
+
+def _check_flavor_names(value: dict) -> dict:
+    bad = {name: [problem] for name in value if (problem := flavor_problem(name))}
+    if bad:
+        raise serializers.ValidationError(bad)
+    return value
+
+
+class FlavorQuota(StrictSerializer):
+    guaranteed = serializers.FloatField(min_value=0, max_value=1_000_000, required=False)
+    limit = serializers.FloatField(
+        **AMOUNT, help_text="null = up to the organisation's capacity of the flavor"
+    )
+
+    def validate(self, attrs):
+        guaranteed, limit = attrs.get("guaranteed", 0), attrs.get("limit")
+        if limit is not None and guaranteed > limit:
+            raise serializers.ValidationError(
+                {"guaranteed": [f"guaranteed {guaranteed:g} is above the limit {limit:g}"]}
+            )
+        return attrs
+
+
+class _ReplaceKeepsFlavorsOptional:
+    # A PUT without gpu_flavors replaces them with none: the field predates no client.
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["gpu_flavors"].required = False
+        fields["gpu_flavors"].default = dict
+        return fields
 
 
 class OrgQuotaSerializer(StrictModelSerializer):
@@ -15,7 +48,16 @@ class OrgQuotaSerializer(StrictModelSerializer):
     disk_gb = serializers.FloatField(
         **AMOUNT, help_text="Nodes' writable storage; null = unlimited"
     )
+    gpu_flavors = serializers.DictField(
+        child=serializers.FloatField(min_value=0, max_value=1_000_000),
+        required=False,
+        help_text='Capacity per GPU flavor, e.g. {"h100": 8}; a flavor not named has no cap '
+        "of its own (gpu caps them all)",
+    )
     updated_at = serializers.DateTimeField(**UPDATED_AT)
+
+    def validate_gpu_flavors(self, value: dict) -> dict:
+        return _check_flavor_names(value)
 
     class Meta:
         model = OrgQuota
@@ -28,6 +70,7 @@ class OrgQuotaSerializer(StrictModelSerializer):
             "policy",
             "balanced_max_wait_seconds",
             "preemption",
+            "gpu_flavors",
             "updated_at",
         ]
 
@@ -78,6 +121,12 @@ class WorkspaceQuotaSerializer(StrictModelSerializer):
         required=False,
         help_text="Under fair_share, its share (now and past) is divided by this; more than 0",
     )
+    gpu_flavors = serializers.DictField(
+        child=FlavorQuota(),
+        required=False,
+        help_text='Guaranteed and limit per GPU flavor, e.g. {"h100": {"guaranteed": 2, '
+        '"limit": 4}}',
+    )
     group = GroupName(help_text="Its quota group; null = directly under the organisation")
     lending_limit_cpu = serializers.FloatField(**LENDING)
     lending_limit_memory_gb = serializers.FloatField(**LENDING)
@@ -101,6 +150,7 @@ class WorkspaceQuotaSerializer(StrictModelSerializer):
             "gpu_hours_per_month",
             "budget_action",
             "fair_share_weight",
+            "gpu_flavors",
             "group",
             "lending_limit_cpu",
             "lending_limit_memory_gb",
@@ -108,6 +158,9 @@ class WorkspaceQuotaSerializer(StrictModelSerializer):
             "lending_limit_disk_gb",
             "updated_at",
         ]
+
+    def validate_gpu_flavors(self, value: dict) -> dict:
+        return normalised_workspace_quota(_check_flavor_names(value))
 
     def validate_fair_share_weight(self, value: float) -> float:
         if not value > 0:  # a weight of 0 would divide by 0; a negative one would invert the order
@@ -193,11 +246,13 @@ class QuotaNodeOutput(serializers.Serializer):
     )
 
 
-class OrgQuotaReplaceInput(ReplaceMixin, OrgQuotaSerializer):
+class OrgQuotaReplaceInput(_ReplaceKeepsFlavorsOptional, ReplaceMixin, OrgQuotaSerializer):
     """A PUT body: the whole quota, null where unlimited."""
 
 
-class WorkspaceQuotaReplaceInput(ReplaceMixin, WorkspaceQuotaSerializer):
+class WorkspaceQuotaReplaceInput(
+    _ReplaceKeepsFlavorsOptional, ReplaceMixin, WorkspaceQuotaSerializer
+):
     """A PUT body: the whole quota, null where unlimited."""
 
 
@@ -208,7 +263,18 @@ class ResourceAmounts(serializers.Serializer):
     disk_gb = serializers.FloatField(allow_null=True)
 
 
+class FlavorUsage(serializers.Serializer):
+    reserved = serializers.FloatField()
+    guaranteed = serializers.FloatField()
+    limit = serializers.FloatField(allow_null=True)
+    gpu_hours_this_month = serializers.FloatField()
+
+
 class UsageOutput(serializers.Serializer):
+    gpu_flavors = serializers.DictField(
+        child=FlavorUsage(),
+        help_text="Per GPU flavor the workspace has a quota of, holds or used this month",
+    )
     reserved = ResourceAmounts()
     guaranteed = ResourceAmounts()
     limit = ResourceAmounts()

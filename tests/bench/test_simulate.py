@@ -31,6 +31,7 @@ def test_a_small_replay_is_sane_under_every_policy(policy):
     assert 0 <= result.utilisation <= 1 + 1e-9
     assert all(wait >= 0 for wait in result.all_waits())
     assert 0 < result.jain <= 1 + 1e-9
+    assert 0 < result.jain_windowed <= 1 + 1e-9
     assert result.preempted == 0 and result.preempted_gpu_hours == 0
     assert len(result.predictions) == 5
     # The jobs went through the real transitions: all succeeded, nothing is held any more.

@@ -1,6 +1,7 @@
-"""Physical GPUs end to end: a worker whose host has an inventory of 4 GPUs (set, since the
-machine has none), two concurrent 2-GPU jobs on disjoint devices, and a third that waits for
-the host's GPUs and says so."""
+"""Physical GPUs end to end: a worker whose host has a typed inventory of 4 GPUs (h100: 0, 1;
+a100: 2, 3; set, since the machine has none), an h100 job and an a100 job running at once,
+each seeing only the devices of its flavor, and a third (any flavor) that waits for the host's
+GPUs and says so."""
 
 from __future__ import annotations
 
@@ -21,13 +22,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 SHOW_DEVICES = py(
     "import os, ray, time; ray.init(); "
     "f = ray.remote(num_gpus=2, num_cpus=0)(lambda: os.environ.get('CUDA_VISIBLE_DEVICES')); "
-    "print('devices', ray.get(f.remote()), flush=True); time.sleep(15)"
+    "print('devices', ray.get(f.remote()), flush=True); "
+    "print('accelerators', ','.join(sorted(k for k in ray.cluster_resources() "
+    "if k.startswith('accelerator_type:'))) or '-', flush=True); time.sleep(15)"
 )
 
 
 @pytest.fixture(scope="module")
 def gpu_worker(django_db_setup, django_db_blocker, ray_work_dir, tmp_path_factory):
-    proc = start_launch_worker(tmp_path_factory, ray_work_dir, MANTA_LOCAL_GPUS="4")
+    proc = start_launch_worker(tmp_path_factory, ray_work_dir, MANTA_LOCAL_GPUS="h100:0,1;a100:2,3")
     yield proc
     proc.stop()
 
@@ -36,35 +39,41 @@ def gpu_worker(django_db_setup, django_db_blocker, ray_work_dir, tmp_path_factor
 def world(gpu_worker, transactional_db, settings):
     # this process explains and checks submissions too
     settings.MANTA_LOCAL_GPUS = ("0", "1", "2", "3")
+    settings.MANTA_LOCAL_GPU_FLAVORS = {"0": "h100", "1": "h100", "2": "a100", "3": "a100"}
     local_host.gpu_inventory.cache_clear()
     yield build_world()
     local_host.gpu_inventory.cache_clear()
     connection.close()
 
 
-def devices(job_id: int) -> set[str] | None:
+def printed(job_id: int, what: str) -> set[str] | None:
     for line in job_logs(Job.objects.get(pk=job_id))["logs"].splitlines():
-        if line.startswith("devices "):
+        if line.startswith(f"{what} "):
             return set(line.split()[1].split(","))
     return None
 
 
-def test_concurrent_gpu_jobs_get_disjoint_devices_and_a_third_waits(world):
-    template = make_template(
-        world,
-        entrypoint=SHOW_DEVICES,
-        # no CPUs: the host's 2 CPUs must not be what the third job waits for
-        worker_groups=[{"name": "g", "replicas": 1, "cpu": 0, "memory_gb": 1, "gpu": 2}],
+def devices(job_id: int) -> set[str] | None:
+    return printed(job_id, "devices")
+
+
+def test_each_flavor_gets_only_its_devices_and_a_third_job_waits(world):
+    # no CPUs: the host's 2 CPUs must not be what the third job waits for
+    groups = [{"name": "g", "replicas": 1, "cpu": 0, "memory_gb": 1, "gpu": 2}]
+    h100, a100, anyone = (
+        make_template(world, entrypoint=SHOW_DEVICES, worker_groups=groups, **flavor)
+        for flavor in ({"gpu_flavor": "h100"}, {"gpu_flavor": "a100"}, {})
     )
-    first, second, third = (submit(world, template) for _ in range(3))
+    first, second, third = submit(world, h100), submit(world, a100), submit(world, anyone)
     wait_for(first, {"running"})
     wait_for(second, {"running"})
     deadline = time.monotonic() + 60
     while (devices(first) is None or devices(second) is None) and time.monotonic() < deadline:
         time.sleep(0.5)
-    a, b = devices(first), devices(second)
-    assert a and b and len(a) == len(b) == 2, (a, b)
-    assert not a & b and a | b == {"0", "1", "2", "3"}
+    assert devices(first) == {"0", "1"}, devices(first)  # h100 only
+    assert devices(second) == {"2", "3"}, devices(second)  # a100 only
+    assert printed(first, "accelerators") == {"accelerator_type:H100"}
+    assert printed(second, "accelerators") == {"accelerator_type:A100"}
 
     waiting = world.client("developer").get(f"{WS}jobs/{third}/").json()
     assert waiting["state"] == "queued"
@@ -73,4 +82,5 @@ def test_concurrent_gpu_jobs_get_disjoint_devices_and_a_third_waits(world):
     for job_id in (first, second, third):
         job = wait_for(job_id, TERMINAL, timeout=240)
         assert job.state == "succeeded", (job.failure_reason, job.message)
-    assert len(devices(third)) == 2
+    flavor = world.client("developer").get(f"{WS}jobs/{third}/").json()["gpu_flavor"]
+    assert devices(third) == {"h100": {"0", "1"}, "a100": {"2", "3"}}[flavor]

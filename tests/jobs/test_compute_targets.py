@@ -20,6 +20,18 @@ KUBECONFIG = yaml.safe_dump({
 })  # fmt: skip
 
 
+FLAVOR = {"count": 8, "node_labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}
+A100 = {"count": 4, "node_labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}}
+
+
+def kuberay_flavors(flavors) -> dict:
+    return {
+        "name": "x",
+        "kind": "kuberay",
+        "config": {"kubeconfig": KUBECONFIG, "gpu_flavors": flavors},
+    }
+
+
 @pytest.fixture(autouse=True)
 def loopback_ray(settings):
     # These tests point ray targets at this host; the operator allows its loopback.
@@ -73,6 +85,26 @@ def test_ray_target_token_is_encrypted_and_never_returned(world):
             {"name": "x", "kind": "local", "config": {"egress_allow": "10.0.0.0/8"}},
             "config.egress_allow",
         ),
+        # GPU flavors: kuberay only (the local host's come from its inventory), named by the
+        # rule, counted, and each on nodes of its own
+        ({"name": "x", "kind": "local", "config": {"gpu_flavors": {}}}, "config.gpu_flavors"),
+        (kuberay_flavors({"H100": FLAVOR}), "config.gpu_flavors.H100"),
+        (kuberay_flavors({"h100": {"count": 8}}), "config.gpu_flavors.h100.node_labels"),
+        (kuberay_flavors({"h100": {**FLAVOR, "count": -1}}), "config.gpu_flavors.h100.count"),
+        (
+            kuberay_flavors({"h100": {**FLAVOR, "node_labels": {}}}),
+            "config.gpu_flavors.h100.node_labels",
+        ),
+        (
+            kuberay_flavors({"h100": {**FLAVOR, "node_labels": {"bad key!": "x"}}}),
+            "config.gpu_flavors.h100.node_labels",
+        ),
+        (
+            kuberay_flavors({"h100": {**FLAVOR, "zone": "a"}}),
+            "config.gpu_flavors.h100.zone",
+        ),
+        (kuberay_flavors({"h100": FLAVOR, "a100": FLAVOR}), "config.gpu_flavors.a100"),
+        (kuberay_flavors(["h100"]), "config.gpu_flavors"),
     ],
 )
 def test_target_rules(world, body, field):
@@ -145,3 +177,50 @@ def test_kuberay_launch_plan_is_a_valid_rayjob(world, template):
     assert "kube-secret" not in response.content.decode()
     if CRD.exists():
         assert validate_rayjob(manifest, str(CRD)) == []
+
+
+def test_a_kuberay_targets_flavors_bind_admission_and_place_the_pods(world):
+    """A workspace on a kuberay target with h100 (8) and a100 (4): a job naming a flavor the
+    target lacks, or more than it has, is refused; h100 jobs share the target's 8; an admitted
+    job's RayJob selects the h100 nodes."""
+    from jobs import admission
+    from jobs.models import Job
+    from quotas.models import OrgQuota
+    from tests.quotas.test_flavors import gpu_template, overrides
+
+    body = kuberay_flavors({"h100": FLAVOR, "a100": A100})
+    body["name"] = "k8s"
+    assert world.client("owner").post(TARGETS, body, format="json").status_code == 201
+    world.client("owner").patch(WS, {"compute_target": "k8s"}, format="json")
+    world.ws.refresh_from_db()
+    OrgQuota.objects.create(organization=world.org, policy="round_robin")
+    template = gpu_template(world.ws)
+    jobs = f"{WS}jobs/"
+
+    def post(gpu, flavor=None):
+        changes = overrides(gpu, flavor)
+        changes["worker_groups"][0].update(cpu=1, memory_gb=1)  # a pod needs some
+        body = {"template": template.pk, "overrides": changes}
+        return world.client("developer").post(jobs, body, format="json")
+
+    lacking = post(1, "l4")
+    assert lacking.status_code == 400, lacking.content
+    assert "compute target k8s has no GPU flavor l4" in lacking.json()["errors"]["gpu_flavor"][0]
+    assert post(9, "h100").status_code == 400
+    first, second, third = post(6, "h100"), post(4, "h100"), post(4)
+    assert admission.admit(world.org.pk) == [first.json()["id"], third.json()["id"]]
+    waiting = Job.objects.get(pk=second.json()["id"])
+    assert admission.explain(waiting)["waiting_for"] == (
+        "compute target k8s's GPU flavor h100 capacity 8: 6 reserved, this job needs 4"
+    )
+    # No flavor named: the target's, in name order; a100 fits.
+    assert world.client("viewer").get(f"{jobs}{third.json()['id']}/").json()["gpu_flavor"] == (
+        "a100"
+    )
+    plan = world.client("viewer").get(f"{jobs}{first.json()['id']}/launch-plan/").json()
+    gpu_pod = plan["manifest"]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]
+    assert gpu_pod["spec"]["nodeSelector"] == FLAVOR["node_labels"]
+    # Queued, not admitted yet: its plan shows the flavor it asks for first.
+    plan = world.client("viewer").get(f"{jobs}{second.json()['id']}/launch-plan/").json()
+    gpu_pod = plan["manifest"]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]
+    assert gpu_pod["spec"]["nodeSelector"] == FLAVOR["node_labels"]

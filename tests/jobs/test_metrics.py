@@ -395,3 +395,27 @@ def test_the_exporters_rule_matches_the_apis(settings):
     assert refusal(OUTSIDE, "")[:2] == (401, "not_authenticated")
     assert refusal(OUTSIDE, f"Bearer {TOKEN}") is None
     assert refusal("127.0.0.1", f"Bearer {TOKEN}x")[:2] == (401, "authentication_failed")
+
+
+def test_warm_pools_report_their_levels_and_count_hits_and_misses(
+    db, django_capture_on_commit_callbacks
+):
+    from jobs import pools
+    from tests.factories import JobAttemptFactory as Attempts
+    from tests.factories import WarmClusterFactory, WarmPoolFactory
+
+    pool = WarmPoolFactory(organization__slug="acme", size=2)
+    WarmClusterFactory(pool=pool)
+    WarmClusterFactory(pool=pool, state="starting", ready_at=None)
+    labels = {"organization": "acme", "target": "local", "pool": str(pool.pk)}
+    with django_capture_on_commit_callbacks(execute=True):
+        for _ in range(2):  # the first takes the idle cluster, the second finds none
+            pools.pool_claim(pool=pool, attempt=Attempts(job__organization=pool.organization))
+    snapshot_refresh()
+    found = samples(scrape())
+    assert value(found, "manta_warm_pool_size", **labels) == 2
+    assert value(found, "manta_warm_pool_clusters", **labels, state="claimed") == 1
+    assert value(found, "manta_warm_pool_clusters", **labels, state="starting") == 1
+    assert value(found, "manta_warm_pool_clusters", **labels, state="idle") == 0
+    assert value(found, "manta_warm_pool_claims_total", **labels, result="hit") >= 1
+    assert value(found, "manta_warm_pool_claims_total", **labels, result="miss") >= 1

@@ -13,6 +13,7 @@ Rendered manifests are validated against KubeRay's RayJob CRD schema
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import re
@@ -206,6 +207,59 @@ def test_render_realistic_spec_key_fields() -> None:
 @needs_crd
 def test_render_realistic_spec_validates_against_crd() -> None:
     assert validate_rayjob(render_rayjob(make_request()), CRD_PATH) == []
+
+
+FLAVORS = {
+    "a100": {"count": 16, "node_labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}},
+    "h100": {
+        "count": 8,
+        "node_labels": {
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            "cloud.example.com/pool": "h100",
+        },
+    },
+}
+
+
+def flavored(flavor: str, spec: dict[str, Any] | None = None) -> LaunchRequest:
+    request = make_request(spec, target_config={"gpu_flavors": FLAVORS})
+    return dataclasses.replace(request, gpu_flavor=flavor)
+
+
+def pod_specs(rayjob: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    pods = {"head": cluster["headGroupSpec"]["template"]["spec"]}
+    for group in cluster["workerGroupSpecs"]:
+        pods[group["groupName"]] = group["template"]["spec"]
+    return pods
+
+
+def test_gpu_pods_of_a_flavor_select_its_nodes_and_never_the_others() -> None:
+    spec = spec_with(head={"cpu": 2, "memory_gb": 8, "gpu": 1})
+    for flavor, other in (("h100", "a100"), ("a100", "h100")):
+        pods = pod_specs(render_rayjob(flavored(flavor, spec)))
+        for name in ("head", "gpu"):  # the pods that request GPUs
+            assert pods[name]["nodeSelector"] == FLAVORS[flavor]["node_labels"], name
+            limits = pods[name]["containers"][0]["resources"]["limits"]
+            assert int(limits["nvidia.com/gpu"]) >= 1
+        rendered = json.dumps(render_rayjob(flavored(flavor, spec)))
+        assert FLAVORS[other]["node_labels"]["nvidia.com/gpu.product"] not in rendered
+        assert "nodeSelector" not in pods["cpu"]  # no GPUs: it may run on any node
+
+
+def test_a_gpu_head_of_no_flavor_gets_no_selector_and_an_undeclared_flavor_is_refused() -> None:
+    pods = pod_specs(render_rayjob(make_request()))
+    assert all("nodeSelector" not in pod for pod in pods.values())
+    with pytest.raises(LaunchError, match="declares no GPU flavor 'l4'"):
+        render_rayjob(flavored("l4"))
+    # A target with flavors never renders GPU pods without one: they could land on any.
+    with pytest.raises(LaunchError, match="this attempt has none"):
+        render_rayjob(flavored(""))
+
+
+@needs_crd
+def test_a_flavored_rayjob_validates_against_crd() -> None:
+    assert validate_rayjob(render_rayjob(flavored("h100")), CRD_PATH) == []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -217,3 +217,36 @@ def test_cgroup_v2_layout(tmp_path) -> None:
 def test_settings_round_trip() -> None:
     settings = SandboxSettings(uid_range=(5, 9), gpus=("1",), hide=("/srv/x",))
     assert SandboxSettings.from_config(settings.to_config()) == settings
+
+
+def test_a_flavored_node_is_planned_and_leased_only_devices_of_its_flavor(tmp_path) -> None:
+    """With a typed inventory (h100: 0, 1; a100: 2, 3; untyped: 4), an h100 attempt's GPU
+    nodes take only h100 devices and advertise Ray's accelerator_type:H100; a node without
+    GPUs gets neither. (tests/e2e/test_gpus.py sees the devices from inside real clusters.)"""
+    from jobs.launchers.local.sandbox import _inventory_for
+
+    typed = {
+        "gpus": ("0", "1", "2", "3", "4"),
+        "gpu_flavors": (("0", "h100"), ("1", "h100"), ("2", "a100"), ("3", "a100")),
+    }
+    groups = [{"name": "g", "replicas": 2, "cpu": 0, "memory_gb": 1, "gpu": 1}]
+    req = dataclasses.replace(
+        request("/tmp", "flavor", spec("true", groups), **typed), gpu_flavor="h100"
+    )
+    head, *workers = LocalRayLauncher().plan(req)["nodes"]
+    assert "gpu_flavor" not in head and "accelerator_type:H100" not in head["resources"]
+    assert all(w["gpu_flavor"] == "h100" for w in workers)
+    assert all(w["resources"] == {"accelerator_type:H100": 1} for w in workers)
+
+    settings = SandboxSettings.from_config(req.target_config["sandbox"])
+    assert SandboxSettings.from_config(settings.to_config()) == settings
+    leases = Leases(str(tmp_path))
+    taken = [
+        take_gpus(leases, _inventory_for(settings, w), 1, f"c{i}") for i, w in enumerate(workers)
+    ]
+    assert sorted(d for devices in taken for d in devices) == ["0", "1"]
+    with pytest.raises(LaunchError, match="GPUs are busy"):  # h100 full; a100 is never taken
+        take_gpus(leases, _inventory_for(settings, workers[0]), 1, "c9")
+    assert _inventory_for(settings, {"num_gpus": 1}) == ("4",)  # untyped: the untyped devices
+    with pytest.raises(LaunchError, match="no GPU flavor l4"):
+        _inventory_for(settings, {"num_gpus": 1, "gpu_flavor": "l4"})

@@ -84,7 +84,7 @@ def test_rows_from_before_disk_counted_hold_no_disk():
     assert admission.admit(world.org.pk) == [queued.pk]
 
 
-BEFORE_TREE = [("quotas", "0006_intelligent_policy_and_fair_share_history")]
+BEFORE_TREE = [("quotas", "0007_gpu_flavors")]
 
 
 @pytest.mark.django_db(transaction=True)

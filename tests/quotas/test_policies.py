@@ -124,6 +124,32 @@ def fair(two_workspaces):
     return world, spaces, templates
 
 
+@pytest.mark.parametrize(
+    "waited_minutes, guaranteed, backfilled", [(5, 3, True), (30, 3, False), (30, 2, True)]
+)
+def test_a_big_head_that_waited_too_long_within_its_guarantee_is_not_starved(
+    two_workspaces, waited_minutes, guaranteed, backfilled
+):
+    # Capacity 4 GPUs; other is guaranteed 1 and runs 2. ml holds nothing, so its 3-GPU head
+    # comes first but does not fit, and other's 1-GPU jobs could take the 2 free GPUs. Until
+    # it has waited balanced_max_wait_seconds (10 min) they may; after that they wait for it,
+    # if ml is guaranteed the 3 GPUs. Beyond its guarantee it holds nothing back.
+    world, spaces, templates = two_workspaces
+    WorkspaceQuota.objects.create(workspace=spaces["ml"], guaranteed_gpu=guaranteed)
+    WorkspaceQuota.objects.create(workspace=spaces["other"], guaranteed_gpu=1)
+    setup_quota(world, 4, "fair_share", balanced_max_wait_seconds=600)
+    running(world, spaces["other"], templates["other"], 2)
+    big = queue_job(world, spaces["ml"], templates["ml"], 3, minutes_ago=waited_minutes)
+    small = [
+        queue_job(world, spaces["other"], templates["other"], 1, minutes_ago=1) for _ in range(2)
+    ]
+    if backfilled:
+        assert admitted(world) == small
+    else:
+        assert admitted(world) == []
+        assert still_queued(big, *small)
+
+
 def test_the_workspace_that_used_more_waits_behind_the_one_that_did_not(fair):
     world, spaces, templates = fair
     used(world, spaces["ml"], templates["ml"], 2, hours=20)

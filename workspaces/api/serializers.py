@@ -1,4 +1,5 @@
 import ipaddress
+import re
 
 from django.conf import settings
 from django.core.validators import RegexValidator
@@ -7,6 +8,7 @@ from rest_framework import serializers
 
 from config import egress as egress_policy
 from config import ssrf
+from config.gpu_flavors import flavor_problem
 from config.strict import StrictSerializer, unknown_errors
 from workspaces import kubeconfig
 from workspaces.models import (
@@ -297,6 +299,59 @@ class RayTargetConfig(StrictSerializer):
         return value
 
 
+# Kubernetes label keys ([prefix/]name) and values, as the API server checks them.
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
+_LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+MAX_TARGET_FLAVORS = 16
+
+
+class GpuFlavorConfig(StrictSerializer):
+    count = serializers.IntegerField(
+        min_value=0, max_value=100_000, help_text="How many GPUs of this flavor the cluster has"
+    )
+    node_labels = serializers.DictField(
+        child=serializers.CharField(max_length=63, allow_blank=True),
+        help_text="The labels of this flavor's nodes, e.g. "
+        '{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}: its GPU pods\' nodeSelector',
+    )
+
+    def validate_node_labels(self, value: dict[str, str]) -> dict[str, str]:
+        if not value:
+            raise serializers.ValidationError(
+                "at least one label: without one, the flavor's pods could land on any GPU node"
+            )
+        for key, label in value.items():
+            prefix, slash, name = key.rpartition("/")
+            if not _LABEL_NAME.match(name) or (
+                slash and (len(prefix) > 253 or not _LABEL_PREFIX.match(prefix))
+            ):
+                raise serializers.ValidationError(f"{key!r} is not a Kubernetes label key")
+            if label and not _LABEL_NAME.match(label):
+                raise serializers.ValidationError(
+                    f"{key}: {label!r} is not a Kubernetes label value"
+                )
+        return value
+
+
+def validate_gpu_flavors(value: dict[str, dict]) -> dict[str, dict]:
+    """Flavor names by the rule, at most MAX_TARGET_FLAVORS, and no two flavors on the same
+    nodes (their jobs would share them)."""
+    if len(value) > MAX_TARGET_FLAVORS:
+        raise serializers.ValidationError(f"at most {MAX_TARGET_FLAVORS} flavors")
+    bad = {name: [problem] for name in value if (problem := flavor_problem(name))}
+    if bad:
+        raise serializers.ValidationError(bad)
+    seen: dict[tuple, str] = {}
+    for name, flavor in value.items():
+        labels = tuple(sorted(flavor["node_labels"].items()))
+        if labels in seen:
+            raise serializers.ValidationError(
+                {name: [f"node_labels are those of {seen[labels]}: a flavor's nodes are its own"]}
+            )
+        seen[labels] = name
+    return value
+
+
 class KubeRayTargetConfig(StrictSerializer):
     namespace_pattern = serializers.CharField(
         max_length=100, required=False, default="manta-{workspace}"
@@ -309,6 +364,15 @@ class KubeRayTargetConfig(StrictSerializer):
     )
     context = serializers.CharField(required=False, max_length=200)
     in_cluster = serializers.BooleanField(required=False, default=False)
+    gpu_flavors = serializers.DictField(
+        child=GpuFlavorConfig(),
+        required=False,
+        help_text="The GPU flavors the cluster has, in the order a job that names none tries "
+        'them: {"h100": {"count": 8, "node_labels": {...}}}',
+    )
+
+    def validate_gpu_flavors(self, value: dict[str, dict]) -> dict[str, dict]:
+        return validate_gpu_flavors(value)
 
     def validate_kubeconfig(self, value: str) -> str:
         try:

@@ -27,6 +27,7 @@ from ..base import (
     LaunchRequest,
     RayJobState,
 )
+from .flavors import node_selector, place_gpu_pods
 
 GROUP = "ray.io"
 VERSION = "v1"
@@ -102,6 +103,7 @@ def render_rayjob(request: LaunchRequest) -> dict[str, Any]:
     cluster_spec["workerGroupSpecs"] = _worker_groups(
         spec.get("worker_groups") or [], image, labels
     )
+    place_gpu_pods(cluster_spec, node_selector(request))
 
     job_spec: dict[str, Any] = {"entrypoint": entrypoint}
     runtime_env = {k: v for k, v in (spec.get("runtime_env") or {}).items() if v}

@@ -37,6 +37,8 @@ class SandboxSettings:
     egress: bool = True
     hide: tuple[str, ...] = ()  # host paths a sandbox must not see (the service's files)
     gpus: tuple[str, ...] = ()  # the host's GPU inventory: device indices
+    # The typed devices' flavors, as (device, flavor) pairs; a device not named is untyped.
+    gpu_flavors: tuple[tuple[str, str], ...] = ()
     pids_per_node: int = 1024  # threads count too: an idle Ray head runs about 400
     node_memory_overhead_bytes: int = GIB  # Ray's own processes, per node, above its spec
     default_node_memory_bytes: int = 2 * GIB  # for a node whose spec names no memory
@@ -54,10 +56,17 @@ class SandboxSettings:
         for name in ("uid_range", "hide", "gpus", "egress_allow"):
             if name in values:
                 values[name] = tuple(values[name])
+        if "gpu_flavors" in values:
+            values["gpu_flavors"] = tuple(tuple(pair) for pair in values["gpu_flavors"])
         return cls(**values)
 
     def to_config(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def devices_of(self, flavor: str) -> tuple[str, ...]:
+        """The inventory's devices of ``flavor`` ("": the untyped ones)."""
+        typed = dict(self.gpu_flavors)
+        return tuple(g for g in self.gpus if typed.get(g, "") == flavor)
 
 
 def host_support(settings: SandboxSettings) -> list[str]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .. import dashboard_http, ray_jobs
 from ..base import RAY_FAILED, RAY_TERMINAL, LaunchError, LaunchRequest, LogPart, RayJobState
 from . import disk
-from .handles import KIND, discover_handles, sandbox_of
+from .handles import KIND, discover_handles, sandbox_of, write_handle
 from .isolation import (
     ENTERED_NAMESPACES,
     MODE_OFF,
@@ -79,6 +79,8 @@ class LocalRayLauncher:
             resources = _node_resources(group, f"worker group {name!r}")
             for index in range(replicas):
                 nodes.append({"role": "worker", "group": name, "index": index, **resources})
+        if request.gpu_flavor:
+            nodes = [_of_flavor(node, request.gpu_flavor) for node in nodes]
         settings = SandboxSettings.from_config((request.target_config or {}).get("sandbox"))
         return {
             "kind": KIND,
@@ -284,6 +286,22 @@ class LocalRayLauncher:
 
     # -- beyond the contract -------------------------------------------------------------------
 
+    def bind_warm(self, handle: dict[str, Any], request: LaunchRequest) -> dict[str, Any] | None:
+        """Hand a warm cluster (started ahead of need for no submission) to the attempt of
+        ``request``: the returned handle names the attempt's submission, here and in the
+        cluster's ``handle.json``, so every later step finds it as the attempt's. None when the
+        cluster is not complete and running any more (the caller stops it)."""
+        expected = len(self.plan(request)["nodes"])
+        if len(handle.get("nodes") or []) != expected or not nodes_running(handle):
+            return None
+        bound = {
+            **handle,
+            "submission_id": request.submission_id,
+            "cluster_name": request.cluster_name,
+        }
+        write_handle(bound)
+        return bound
+
     def is_alive(self, handle: dict[str, Any]) -> bool:
         """True while any process of the cluster runs or its dashboard still answers."""
         reap()
@@ -373,6 +391,16 @@ def _node_resources(spec: dict[str, Any], what: str) -> dict[str, Any]:
         "disk_bytes": gb_to_bytes(spec.get("disk_gb")),  # None: the sandbox's default
         "resources": resources,
     }
+
+
+def _of_flavor(node: dict[str, Any], flavor: str) -> dict[str, Any]:
+    """A GPU node of ``flavor``: its sandbox gets only devices of that type, and it advertises
+    Ray's ``accelerator_type:<TYPE>`` resource (what ``@ray.remote(accelerator_type=...)``
+    asks for)."""
+    if not node["num_gpus"]:
+        return node
+    resources = {**node["resources"], f"accelerator_type:{flavor.upper()}": 1}
+    return {**node, "gpu_flavor": flavor, "resources": resources}
 
 
 def _isolation_plan(

@@ -107,7 +107,7 @@ class Sandbox:
             state.update(uid=uid, gid=uid)
             for node in nodes:
                 state["gpus"][node["name"]] = take_gpus(
-                    leases, settings.gpus, node["num_gpus"], owner
+                    leases, _inventory_for(settings, node), node["num_gpus"], owner
                 )
             limits = sandbox_limits(settings, nodes, object_store_bytes)
             writable = os.path.join(cluster_dir, "s")
@@ -439,3 +439,15 @@ def _read_tail(path: str, limit: int = 4000) -> str:
             return f.read()[-limit:].decode(errors="replace")
     except OSError:
         return ""
+
+
+def _inventory_for(settings: SandboxSettings, node: dict[str, Any]) -> tuple[str, ...]:
+    """The devices a node may be given: those of its GPU flavor (the untyped ones when it has
+    none). A host with GPUs but none of that type cannot give it any: admission counts each
+    flavor, so this is a setting changed under a job, and the start fails saying so."""
+    flavor = node.get("gpu_flavor", "")
+    devices = settings.devices_of(flavor) if settings.gpu_flavors else settings.gpus
+    if node["num_gpus"] and settings.gpus and not devices:
+        kind = f"GPU flavor {flavor}" if flavor else "untyped GPUs"
+        raise LaunchError(f"this host has no {kind} (MANTA_LOCAL_GPUS)")
+    return devices

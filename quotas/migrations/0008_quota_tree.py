@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('quotas', '0006_intelligent_policy_and_fair_share_history'),
+        ('quotas', '0007_gpu_flavors'),
         ('workspaces', '0008_org_preemption_settings'),
     ]
 
