@@ -348,3 +348,24 @@ def test_a_predicted_start_replays_the_tree(tree, policy):
     predicted = predict_start(job)
     assert (predicted.position, predicted.blocker) == (1, "group_limit")
     assert predicted.p50 is not None and predicted.p50 <= predicted.p90
+
+
+def test_an_overdue_owed_job_holds_back_only_under_the_group_it_is_short_at(tree):
+    """fair_share's holding back, in the tree: a2's job, within its guarantee and waiting past
+    balanced_max_wait_seconds, is short at vision's limit; ml's smaller job, which would fit
+    under vision, waits behind it, while ops (elsewhere in the tree) still starts."""
+    world, spaces, templates, _ = tree
+    OrgQuota.objects.filter(organization=world.org).update(preemption=False)
+    run(world, spaces, templates, "ml", 3)
+    run(world, spaces, templates, "b1", 2)
+    OrgQuota.objects.filter(organization=world.org).update(
+        policy="fair_share", balanced_max_wait_seconds=60
+    )
+    owed = queue_job(world, spaces["a2"], templates["a2"], 2, minutes_ago=30)
+    small = queue_job(world, spaces["ml"], templates["ml"], 1, minutes_ago=20)
+    elsewhere = queue_job(world, spaces["ops"], templates["ops"], 1, minutes_ago=10)
+    assert admission.admit(world.org.pk) == [elsewhere]
+    assert state(owed) == state(small) == "queued"
+    # not yet overdue: nothing is held back, and the small job fills vision
+    OrgQuota.objects.filter(organization=world.org).update(balanced_max_wait_seconds=3600)
+    assert admission.admit(world.org.pk) == [small]
