@@ -15,9 +15,13 @@ reservations, moves them to ``launching`` with a timeline event, an audit event 
 each, creates their attempts and sends their launch tasks to Redis.
 
     .venv/bin/python bench/admission.py [--admit 10000] [--shape tree|flat]
+    .venv/bin/python bench/admission.py --versus [--rounds 12]
 
 Prints jobs admitted per second with 10,000 and with 100,000 jobs queued, the cost per admitted
-job in each case, and their ratio (goals: ≥ 1,000 admissions/s; ratio ≤ 1.1).
+job in each case, and their ratio (goals: ≥ 1,000 admissions/s; ratio ≤ 1.1). ``--versus``
+builds a flat and a tree organisation in one database and alternates their passes (1,000 jobs
+each), so both see the same machine and database: it prints the tree's cost per job over the
+flat one's.
 """
 
 from __future__ import annotations
@@ -147,19 +151,49 @@ def measure(queued: int, to_admit: int, shape: str) -> tuple[float, int]:
     return elapsed, admitted
 
 
+def versus(rounds: int) -> None:
+    """Alternate the passes of a flat and a tree organisation; their cost per job."""
+    from jobs import admission
+
+    orgs = {shape: build(rounds * 1000 + 2000 + i, shape) for i, shape in enumerate(SHAPES)}
+    for org in orgs.values():
+        finish(admission.admit(org.pk))  # warm up: caches, plans, connections
+    spent, done = dict.fromkeys(SHAPES, 0.0), dict.fromkeys(SHAPES, 0)
+    for round_ in range(rounds):
+        for shape in SHAPES if round_ % 2 == 0 else SHAPES[::-1]:
+            started = time.perf_counter()
+            ids = admission.admit(orgs[shape].pk)
+            spent[shape] += time.perf_counter() - started
+            done[shape] += len(ids)
+            finish(ids)
+    cost = {shape: spent[shape] / done[shape] for shape in SHAPES}
+    for shape in SHAPES:
+        print(f"{shape}: {done[shape]:,} jobs, {cost[shape] * 1000:.3f} ms per job")
+    print(f"cost per admitted job, tree vs flat: ratio {cost['tree'] / cost['flat']:.3f}")
+
+
+SHAPES = ("flat", "tree")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--admit", type=int, default=10_000)
     parser.add_argument("--shape", choices=["tree", "flat"], default="tree")
+    parser.add_argument("--versus", action="store_true", help="tree against flat, alternated")
+    parser.add_argument("--rounds", type=int, default=12)
     args = parser.parse_args()
     # The jobs never launch: the host's own capacity (a few CPUs) must not be what binds.
     configure(
-        f"manta_bench_admission_{args.shape}",
+        f"manta_bench_admission_{'versus' if args.versus else args.shape}",
         LOG_LEVEL="ERROR",
         MANTA_LOCAL_CAPACITY="cpu=1000000,memory_gb=1000000,gpu=1000000",
     )
     import redis
 
+    if args.versus:
+        versus(args.rounds)
+        redis.Redis.from_url(BROKER).flushdb()
+        return
     results = {}
     for queued in (10_000, 100_000):
         elapsed, admitted = measure(queued, min(args.admit, queued), args.shape)
