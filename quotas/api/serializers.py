@@ -1,4 +1,5 @@
 from rest_framework import serializers
+from rest_framework.fields import empty
 
 from config.gpu_flavors import flavor_problem
 from config.strict import ReplaceMixin, StrictModelSerializer, StrictSerializer
@@ -250,10 +251,22 @@ class OrgQuotaReplaceInput(_ReplaceKeepsFlavorsOptional, ReplaceMixin, OrgQuotaS
     """A PUT body: the whole quota, null where unlimited."""
 
 
+class _ReplaceKeepsTreePlace:
+    # A PUT that does not name the workspace's group or lending limits keeps them: a client
+    # written before the quota tree must not move a workspace out of its group by omission.
+    def get_fields(self):
+        fields = super().get_fields()
+        for name in ("group", *(f"lending_limit_{r}" for r in RESOURCES)):
+            fields[name].required = False
+            fields[name].default = empty
+        return fields
+
+
 class WorkspaceQuotaReplaceInput(
-    _ReplaceKeepsFlavorsOptional, ReplaceMixin, WorkspaceQuotaSerializer
+    _ReplaceKeepsTreePlace, _ReplaceKeepsFlavorsOptional, ReplaceMixin, WorkspaceQuotaSerializer
 ):
-    """A PUT body: the whole quota, null where unlimited."""
+    """A PUT body: the whole quota, null where unlimited (its place in the quota tree and its
+    lending limits are kept when not given)."""
 
 
 class ResourceAmounts(serializers.Serializer):

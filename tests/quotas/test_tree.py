@@ -369,3 +369,18 @@ def test_an_overdue_owed_job_holds_back_only_under_the_group_it_is_short_at(tree
     # not yet overdue: nothing is held back, and the small job fills vision
     OrgQuota.objects.filter(organization=world.org).update(balanced_max_wait_seconds=3600)
     assert admission.admit(world.org.pk) == [small]
+
+
+def test_a_put_that_does_not_name_the_group_keeps_the_workspace_in_it(world, groups):
+    url = API + "workspaces/ml/quota/"
+    placed = groups.patch(url, {"group": "team-x", "lending_limit_gpu": 0}, format="json")
+    assert placed.status_code == 200, placed.content
+    full = {**{f"guaranteed_{r}": 0 for r in ("cpu", "memory_gb", "gpu", "disk_gb")},
+            **{f"limit_{r}": None for r in ("cpu", "memory_gb", "gpu", "disk_gb")},
+            "max_running_jobs": None, "max_queued_jobs": None, "gpu_hours_per_month": None,
+            "budget_action": "refuse", "fair_share_weight": 1}  # fmt: skip
+    response = groups.put(url, full, format="json")
+    assert response.status_code == 200, response.content
+    assert (response.json()["group"], response.json()["lending_limit_gpu"]) == ("team-x", 0)
+    moved = groups.put(url, {**full, "group": None, "lending_limit_gpu": None}, format="json")
+    assert (moved.json()["group"], moved.json()["lending_limit_gpu"]) == (None, None)
