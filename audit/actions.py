@@ -40,6 +40,9 @@ ACTIONS: dict[str, str] = {
     "warm_pool.update": "A warm pool was resized or its idle timeout changed",
     # quotas
     "quota.update": "Capacity or a workspace quota changed",
+    "quota_group.create": "A quota group was added to the organisation's quota tree",
+    "quota_group.update": "A quota group changed (its quota, name or parent)",
+    "quota_group.delete": "A quota group was removed from the quota tree",
     # webhooks and notifications
     "webhook.create": "A webhook endpoint was created",
     "webhook.update": "A webhook endpoint changed",

@@ -39,6 +39,7 @@ from workspaces.models import Organization
 
 from .accounting import gpu_hours
 from .attempts import attempts_create, attempts_preempt
+from .fair_tree import plan_fair_tree
 from .gpu_pools import check_flavors, gpu_pools
 from .local_host import HOST, workspaces_on_host
 from .local_host import capacity as host_capacity
@@ -198,7 +199,8 @@ def _plan_fair_share(
 ) -> list[Job]:
     """Next job from the workspace with the lowest fair-share key (``Ledger.fair_share_key``:
     its share now plus its decayed past usage, over its weight), until no workspace's head
-    fits; each workspace's queue is read on demand.
+    fits; each workspace's queue is read on demand. Under quota groups: the Fair Tree of
+    ``jobs/fair_tree.py``, with the same holding back.
 
     A head that does not fit lets the others go first, until it has waited ``max_wait``
     seconds (the org's ``balanced_max_wait_seconds``): from then on, if its workspace is owed
@@ -207,6 +209,13 @@ def _plan_fair_share(
     guarantee would wait for ever behind a stream of 1-GPU jobs of workspaces that borrow
     (Slurm's backfill reservation, without run-time estimates). A job beyond its workspace's
     guarantee holds nothing back: capacity would idle for a job nobody owes."""
+    if ledger.groups:
+        return plan_fair_tree(
+            ledger,
+            queue,
+            now,
+            overdue=lambda job: _waited(job, now) > max_wait and _owed(ledger, job),
+        )
     queues = {ws: queue.jobs(ws) for ws in queue.workspace_ids()}
     # A heap of each workspace's head, keyed by its workspace's fair-share key: only the
     # workspace that just got a job changes its share (its past usage is fixed for the pass),
@@ -430,11 +439,27 @@ def factors(ledger: Ledger, job: Job, policy: str, now: dt.datetime) -> dict[str
         "priority": job.priority,
         "age_seconds": round(waited, 3),
     }
+    path = ledger.tree.path(ws_id)
+    if path:
+        explained["path"] = [_group_factors(ledger, group_id, now) for group_id in path[::-1]]
     if policy == QueuePolicy.INTELLIGENT:
         strict = job.priority >= STRICT_PRIORITY
         explained["band"] = "strict" if strict else "backfill"
         explained["aged"] = not strict and waited > aging_seconds()
     return explained
+
+
+def _group_factors(ledger: Ledger, group_id: int, now: dt.datetime) -> dict[str, Any]:
+    """A quota group's place among its siblings, as ``factors`` shows a workspace's."""
+    current, past = ledger.group_share(group_id, now)
+    group = ledger.groups[group_id]
+    return {
+        "group": group.name,
+        "current_share": _finite(current),
+        "decayed_usage_share": _finite(past),
+        "weight": group.fair_share_weight,
+        "fair_share_key": _finite(ledger.group_key(group_id, now)),
+    }
 
 
 # --- at submission -------------------------------------------------------------------------
@@ -455,16 +480,18 @@ def check_submission(
     spec: dict[str, Any],
     host_capacity: dict[str, float | None] | None = None,
 ) -> None:
-    """Refuse a job that can never run here (over its workspace's limit, its organisation's
-    capacity, or the capacity of the host it launches on), one the workspace's queue has no
-    room for, or one over the GPU budget when the workspace refuses those (otherwise it waits
-    for next month)."""
+    """Refuse a job that can never run here (over its workspace's limit, a limit of a quota
+    group above it, its organisation's capacity, or the capacity of the host it launches on),
+    one the workspace's queue has no room for, or one over the GPU budget when the workspace
+    refuses those (otherwise it waits for next month)."""
     org_q = quota_selectors.org_quota(workspace.organization)  # unlimited when unset
     ws_q = quota_selectors.workspace_quota(workspace)
+    above = quota_selectors.groups_above(ws_q)
     for name in RESOURCES:
         need = requested[name]
         ceilings = (
             (ws_q.limit()[name], "the workspace limit is"),
+            *((g.limit()[name], f"quota group '{g.name}''s limit is") for g in above),
             (org_q.capacity()[name], "the organisation's capacity is"),
             ((host_capacity or {}).get(name), "the host its workspace launches on has"),
         )

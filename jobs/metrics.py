@@ -167,6 +167,7 @@ class SnapshotCollector:
             for resource, value in resources.items():
                 capacity.add_metric([organization, resource], value)
         yield capacity
+        yield from _group_families(taken.get("groups", {}))
         drift = GaugeMetricFamily(
             "manta_quota_drift",
             "Admission invariants that do not hold (0 = healthy)",
@@ -222,3 +223,27 @@ class MetricsView(APIView):
 
 
 urlpatterns = [path("metrics", MetricsView.as_view())]
+
+
+def _group_families(groups: dict) -> list[GaugeMetricFamily]:
+    """The quota groups' guarantee, limit and what their subtrees hold, from the snapshot."""
+    labels = ["organization", "group", "resource"]
+    guaranteed = GaugeMetricFamily(
+        "manta_quota_group_guaranteed", "Quota group guarantee", labels=labels
+    )
+    limit = GaugeMetricFamily(
+        "manta_quota_group_limit", "Quota group limit (where one is set)", labels=labels
+    )
+    reserved = GaugeMetricFamily(
+        "manta_quota_group_reserved",
+        "Held by the launching/running jobs of the group's workspaces, at any depth",
+        labels=labels,
+    )
+    for group in groups.values():
+        names = [group["organization"], group["group"]]
+        for resource in RESOURCES:
+            guaranteed.add_metric([*names, resource], group["guaranteed"].get(resource, 0.0))
+            if resource in group["limit"]:
+                limit.add_metric([*names, resource], group["limit"][resource])
+            reserved.add_metric([*names, resource], group["reserved"].get(resource, 0.0))
+    return [guaranteed, limit, reserved]

@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 
 from quotas import selectors as quota_selectors
 from quotas.ledger import month_start
-from quotas.models import RESOURCES, OrgQuota, WorkspaceQuota
+from quotas.models import RESOURCES, OrgQuota, QuotaGroup, WorkspaceQuota
 from workspaces.models import Workspace
 
 from .admission import ledger_for
@@ -53,6 +53,8 @@ REASONS = (
     "workspace_limit",  # the workspace's own limit on a resource
     "workspace_max_running",
     "gpu_budget",  # the workspace's GPU-hours this month
+    "group_limit",  # a quota group above the workspace is at its limit
+    "group_max_running",
     "org_capacity",  # what the organisation's other jobs hold
     "org_max_running",
     "host_capacity",  # the shared local host is full
@@ -79,7 +81,13 @@ def reason_of(ledger, claim) -> str:
         return "workspace_max_running" if "max_running_jobs" in blocker else "workspace_limit"
     blocker = ledger.org_blocker(claim)
     if blocker:
-        return "org_max_running" if "max_running_jobs" in blocker else "org_capacity"
+        level = "group" if blocker.startswith("group") else "org"
+        kind = (
+            "max_running"
+            if "max_running_jobs" in blocker
+            else ("limit" if level == "group" else "capacity")
+        )
+        return f"{level}_{kind}"
     return "host_capacity" if ledger.host_blocker(claim) else "admission_pass"
 
 
@@ -102,6 +110,7 @@ def snapshot_refresh(*, drift: dict[str, int] | None = None) -> dict[str, Any]:
         .annotate(n=Count("id"), oldest=Min("updated_at", filter=Q(state__in=WAITING_STATES)))
     ):
         jobs[f"{ws_id}:{state}"] = [count, oldest.timestamp() if oldest else None]
+    reserved = _reserved()
     snapshot = {
         "taken_at": now.timestamp(),
         "workspaces": {str(pk): list(names) for pk, names in workspaces.items()},
@@ -109,7 +118,8 @@ def snapshot_refresh(*, drift: dict[str, int] | None = None) -> dict[str, Any]:
         "pending": _pending(jobs),
         "quotas": _quotas(),
         "capacity": _capacity(),
-        "reserved": _reserved(),
+        "reserved": reserved,
+        "groups": _groups(reserved),
         **_gpu_hours(now),
         "flavors_reserved": _flavors_reserved(),
         "drift": drift,
@@ -174,6 +184,34 @@ def _quotas() -> dict[str, dict[str, Any]]:
             "gpu_hours_budget": quota.gpu_hours_per_month,
         }
     return quotas
+
+
+def _groups(reserved: dict[str, dict[str, float]]) -> dict[str, dict[str, Any]]:
+    """Each quota group's guarantee, limit (where set) and what its subtree holds: the
+    workspaces' reservations (``reserved``) summed up the tree. Two queries."""
+    groups = {g.pk: g for g in QuotaGroup.objects.select_related("organization")}
+    leaves = WorkspaceQuota.objects.filter(group__isnull=False).values_list(
+        "workspace_id", "group_id"
+    )
+    held: dict[int, dict[str, float]] = {pk: dict.fromkeys(RESOURCES, 0.0) for pk in groups}
+    for ws_id, group_id in leaves:
+        amounts = reserved.get(str(ws_id), {})
+        node, seen = group_id, set()
+        while node in groups and node not in seen:  # up to the organisation
+            seen.add(node)
+            for name in RESOURCES:
+                held[node][name] += amounts.get(name, 0.0)
+            node = groups[node].parent_id
+    return {
+        str(pk): {
+            "organization": group.organization.slug,
+            "group": group.name,
+            "guaranteed": group.guaranteed(),
+            "limit": {name: value for name, value in group.limit().items() if value is not None},
+            "reserved": held[pk],
+        }
+        for pk, group in groups.items()
+    }
 
 
 def _capacity() -> dict[str, dict[str, float]]:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from .flavors import FlavorBook, untracked_blocker
-from .models import RESOURCES, OrgQuota, WorkspaceQuota
+from .models import RESOURCES, OrgQuota, QuotaGroup, WorkspaceQuota
+from .tree import ROOT, QuotaTree, over
 
 EPSILON = 1e-9  # resources are floats: 0.1 + 0.2 must still fit under 0.3
 
@@ -126,7 +128,16 @@ def budget_overrun(
 
 @dataclasses.dataclass
 class Ledger:
-    """What is held now, and the limits to hold it against."""
+    """What is held now, and the limits to hold it against: the workspaces' own, those of the
+    quota groups above them (``tree``, :class:`~quotas.tree.QuotaTree`), the organisation's
+    capacity and the shared host's.
+
+    A claim fits only if, at every node of its path (workspace → groups → organisation),
+    usage + need ≤ limit (the organisation's limit is its capacity), and max_running_jobs
+    likewise; where lending limits keep part of some guarantees back, each group and the
+    organisation admit only while the ``Σ eff`` of their children stays within their limit
+    (``quotas/tree.py``). Without groups and lending limits this is exactly the two-level rule:
+    the workspace's limit, then the organisation's capacity."""
 
     org_quota: OrgQuota | None
     ws_quotas: dict[int, WorkspaceQuota]
@@ -143,6 +154,17 @@ class Ledger:
     half_life_seconds: float = 86_400.0
     # GPU flavors: what of each type of GPU is allowed and held (None: flavors not counted).
     flavors: FlavorBook | None = None
+    # The quota groups between the organisation and its workspaces (none: a flat organisation).
+    groups: dict[int, QuotaGroup] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.tree = QuotaTree(self.groups, self.ws_quotas, self.ws)
+        self._group_caps = {
+            name
+            for name in RESOURCES
+            if any(getattr(g, f"limit_{name}") is not None for g in self.groups.values())
+        }
+        self._past_sums: tuple[dt.datetime, dict[int, dict[str, float]]] | None = None
 
     def blocker(self, claim: Claim) -> str:
         """Why ``claim`` does not fit now ('' when it does)."""
@@ -208,35 +230,49 @@ class Ledger:
         return ""
 
     def org_blocker(self, claim: Claim) -> str:
-        """What of the organisation's capacity stops it: what others hold."""
-        for name in self.short_of(claim):
-            capacity = getattr(self.org_quota, name)
-            return (
-                f"organisation {name} capacity {capacity:g}: {getattr(self.org, name):g} "
-                f"reserved, this job needs {claim.requested[name]:g}"
-            )
-        org_max = self.org_quota.max_running_jobs if self.org_quota else None
-        if org_max is not None and self.org.running >= org_max:
-            return f"organisation max_running_jobs {org_max}: {self.org.running} running"
+        """What others hold: the limits of the groups above the claim's workspace (nearest
+        first), then the organisation's capacity."""
+        for _, _, why in self.shortages(claim):
+            return why
         return ""
+
+    def shortages(self, claim: Claim) -> Iterator[tuple[int | None, str, str]]:
+        """Each node above the claim's workspace it does not fit under, nearest first: (group,
+        or None for the organisation; the resource, or ``running`` for a max_running_jobs cap;
+        why)."""
+        grows = self.tree.growth(claim, self.ws[claim.workspace_id])
+        yield from self.tree.shortages(claim, grows)
+        if self.org_quota is None:
+            return
+        for name in RESOURCES:
+            need, capacity = claim.requested[name], getattr(self.org_quota, name)
+            if not need or capacity is None:
+                continue
+            held = getattr(self.org, name)
+            kept = self.tree.kept(ROOT, name, held, grows[-1] if grows else None, capacity)
+            why = over(f"organisation {name} capacity", capacity, held, need, kept)
+            if why:
+                yield ROOT, name, why
+        org_max = self.org_quota.max_running_jobs
+        if org_max is not None and self.org.running >= org_max:
+            yield (
+                ROOT,
+                "running",
+                (f"organisation max_running_jobs {org_max}: {self.org.running} running"),
+            )
 
     def short_of(self, claim: Claim) -> list[str]:
         """The resources the organisation has too little of left for ``claim``."""
-        if self.org_quota is None:
-            return []
         return [
-            name
-            for name in RESOURCES
-            if claim.requested[name]
-            and getattr(self.org_quota, name) is not None
-            and getattr(self.org, name) + claim.requested[name]
-            > getattr(self.org_quota, name) + EPSILON
+            name for node, name, _ in self.shortages(claim) if node is ROOT and name != "running"
         ]
 
     def hold(self, claim: Claim | Held, sign: int = 1) -> None:
         """Count what ``claim`` holds (``sign=-1``: stop counting it)."""
         self.org.add(claim.requested, sign)
-        self.ws[claim.workspace_id].add(claim.requested, sign)
+        ws = self.ws[claim.workspace_id]
+        ws.add(claim.requested, sign)
+        self.tree.hold(claim.workspace_id, claim.requested, sign, ws)
         if claim.workspace_id in self.on_host:
             self.host.add(claim.requested, sign)
         if self.flavors is not None:
@@ -251,22 +287,42 @@ class Ledger:
         guaranteed, usage = self.guarantee(workspace_id), self.ws[workspace_id]
         return any(getattr(usage, name) < guaranteed[name] for name in RESOURCES)
 
+    def capped(self, name: str) -> bool:
+        """Whether the organisation or a group of its tree caps ``name``: only such a resource
+        can be short, so only it is borrowed, shared and given back."""
+        return (
+            self.org_quota is not None and getattr(self.org_quota, name) is not None
+        ) or name in self._group_caps
+
     def within_guarantee(self, claim: Claim) -> bool:
         """Whether the claim, added to what its workspace holds, stays within its guarantee of
-        every resource the organisation caps (an uncapped resource is never short)."""
+        every capped resource (an uncapped resource is never short). The groups above it are
+        then within theirs too: the tree's guarantees add up (``quotas.tree.check_tree``: the
+        children of a node are guaranteed at most what it is), so what borrowers hold beyond
+        their own guarantees is all that stands between the claim and its guarantee."""
         guaranteed, usage = self.guarantee(claim.workspace_id), self.ws[claim.workspace_id]
         return all(
             getattr(usage, name) + claim.requested[name] <= guaranteed[name] + EPSILON
             for name in RESOURCES
-            if self.org_quota is not None and getattr(self.org_quota, name) is not None
+            if self.capped(name)
         )
 
     def borrowing(self, workspace_id: int, name: str) -> bool:
-        """Whether the workspace holds more of ``name`` than it is guaranteed (only a resource
-        the organisation caps can be borrowed)."""
-        if self.org_quota is None or getattr(self.org_quota, name) is None:
+        """Whether the workspace holds more of ``name`` than it is guaranteed (only a capped
+        resource can be borrowed)."""
+        if not self.capped(name):
             return False
         return getattr(self.ws[workspace_id], name) > self.guarantee(workspace_id)[name] + EPSILON
+
+    def borrows_from(self, claimant_id: int, workspace_id: int, name: str) -> bool:
+        """Whether ``workspace_id`` takes ``name`` from ``claimant_id``'s side of the tree:
+        it and every group above it below their lowest common ancestor hold more than their
+        guarantee (a node within its guarantee is never a victim, at any level)."""
+        if not self.borrowing(workspace_id, name):
+            return False
+        path = self.tree.path(workspace_id)
+        below = len(path) - self.tree.common_depth(claimant_id, workspace_id)
+        return all(self.tree.borrowing(group_id, name) for group_id in path[:below])
 
     def anyone_borrowing(self) -> bool:
         return any(self.borrowing(ws, name) for ws in list(self.ws) for name in RESOURCES)
@@ -276,7 +332,7 @@ class Ledger:
         where that share is largest."""
         usage = self.ws[workspace_id]
         return self._share_of_guarantee(
-            workspace_id, {name: getattr(usage, name) for name in RESOURCES}
+            self.guarantee(workspace_id), {name: getattr(usage, name) for name in RESOURCES}
         )
 
     def usage_share(self, workspace_id: int, now: dt.datetime) -> float:
@@ -287,12 +343,12 @@ class Ledger:
         past = self.past.get(workspace_id)
         if past is None:
             return 0.0
+        return self._past_share(self.guarantee(workspace_id), past.at(now, self.half_life_seconds))
+
+    def _past_share(self, guaranteed: dict[str, float], amounts: dict[str, float]) -> float:
         per_second = math.log(2) / self.half_life_seconds
-        held = {
-            name: amount * per_second
-            for name, amount in past.at(now, self.half_life_seconds).items()
-        }
-        return self._share_of_guarantee(workspace_id, held)
+        held = {name: amount * per_second for name, amount in amounts.items()}
+        return self._share_of_guarantee(guaranteed, held)
 
     def weight(self, workspace_id: int) -> float:
         quota = self.ws_quotas.get(workspace_id)
@@ -303,19 +359,60 @@ class Ledger:
         share = self.dominant_share(workspace_id) + self.usage_share(workspace_id, now)
         return share / self.weight(workspace_id)
 
-    def _share_of_guarantee(self, workspace_id: int, held: dict[str, float]) -> float:
-        """max over the resources the organisation caps of held ÷ guaranteed (∞ where it holds
-        one it has no guarantee of). An uncapped resource is never short, so it is nobody's
-        share: a workspace's CPUs must not make it last when only GPUs are contended."""
-        quota = self.ws_quotas.get(workspace_id)
+    def group_share(self, group_id: int, now: dt.datetime) -> tuple[float, float]:
+        """A group's (share now, past usage share) of its guarantee: what its subtree holds
+        now, and its workspaces' decayed past usage summed."""
+        group, usage = self.groups[group_id], self.tree.usage[group_id]
+        guaranteed = group.guaranteed()
+        current = self._share_of_guarantee(
+            guaranteed, {name: getattr(usage, name) for name in RESOURCES}
+        )
+        past = self._group_past(now).get(group_id)
+        return current, self._past_share(guaranteed, past) if past else 0.0
+
+    def group_key(self, group_id: int, now: dt.datetime) -> float:
+        """A group's fair-share key among its siblings: (share now + past share) ÷ weight."""
+        weight = self.groups[group_id].fair_share_weight
+        return sum(self.group_share(group_id, now)) / (weight if weight > 0 else 1.0)
+
+    def fair_share_path_key(self, workspace_id: int, now: dt.datetime) -> tuple[float, ...]:
+        """The hierarchical fair_share order (Slurm's Fair Tree), lowest first: the key of each
+        node on the workspace's path from the top, so siblings are compared at the highest
+        level where their paths part (a flat organisation: the workspace's key alone)."""
+        path = self.tree.path(workspace_id)
+        return (
+            *(self.group_key(group_id, now) for group_id in reversed(path)),
+            self.fair_share_key(workspace_id, now),
+        )
+
+    def _group_past(self, now: dt.datetime) -> dict[int, dict[str, float]]:
+        """Each group's decayed past usage at ``now`` (its workspaces' summed), computed once
+        per ``now``: a pass asks with one clock."""
+        if self._past_sums is None or self._past_sums[0] != now:
+            sums: dict[int, dict[str, float]] = {}
+            for ws_id, past in self.past.items():
+                path = self.tree.path(ws_id)
+                if not path:
+                    continue
+                amounts = past.at(now, self.half_life_seconds)
+                for group_id in path:
+                    total = sums.setdefault(group_id, dict.fromkeys(RESOURCES, 0.0))
+                    for name in RESOURCES:
+                        total[name] += amounts[name]
+            self._past_sums = (now, sums)
+        return self._past_sums[1]
+
+    def _share_of_guarantee(self, guaranteed: dict[str, float], held: dict[str, float]) -> float:
+        """max over the capped resources of held ÷ guaranteed (∞ where it holds one it has no
+        guarantee of). An uncapped resource is never short, so it is nobody's share: a
+        workspace's CPUs must not make it last when only GPUs are contended."""
         shares = []
         for name in RESOURCES:
-            if self.org_quota is None or getattr(self.org_quota, name) is None:
+            if not self.capped(name):
                 continue
-            guaranteed = quota.guaranteed()[name] if quota else 0
             used = held[name]
-            if guaranteed > 0:
-                shares.append(used / guaranteed)
+            if guaranteed[name] > 0:
+                shares.append(used / guaranteed[name])
             elif used > EPSILON:
                 shares.append(float("inf"))
         return max(shares, default=0.0)
@@ -325,18 +422,30 @@ def victims_for(ledger: Ledger, claim: Claim, candidates: list[Held]) -> list[He
     """Borrowed reservations whose release makes room for ``claim`` (``ledger`` is updated), or
     None when even all of them would not (then nothing is released).
 
-    A candidate is useful only when its workspace borrows a resource the claim is short of (or,
-    when only the running-jobs cap stops it, any resource): a workspace within its guarantee is
-    never a victim, so two workspaces cannot preempt each other."""
+    Nearest borrowers first: candidates whose workspace shares the deepest common ancestor with
+    the claim's (siblings before cousins), each level in the order given. A candidate is useful
+    only when it frees a resource the claim is short of (or, when only a running-jobs cap stops
+    it, any resource) at a node above both of them, and its workspace and every group above it
+    below that common ancestor borrow that resource (``Ledger.borrows_from``): a node within
+    its guarantee is never a victim, so two workspaces cannot preempt each other."""
+    tree, ws_id = ledger.tree, claim.workspace_id
+    if ledger.groups:
+        depth = {held.workspace_id: 0 for held in candidates}
+        for other in depth:
+            depth[other] = tree.common_depth(ws_id, other)
+        candidates = sorted(candidates, key=lambda held: -depth[held.workspace_id])
     chosen: list[Held] = []
     for held in candidates:
-        if held.workspace_id == claim.workspace_id:
+        if held.workspace_id == ws_id:
             continue
-        short = ledger.short_of(claim)
-        running_full = not short and ledger.org_blocker(claim) != ""
+        shared = set(tree.path(ws_id)) & set(tree.path(held.workspace_id))
+        short = {
+            name for node, name, _ in ledger.shortages(claim) if node is ROOT or node in shared
+        }
+        names = RESOURCES if "running" in short else short
         useful = any(
-            held.requested[name] > 0 and ledger.borrowing(held.workspace_id, name)
-            for name in (short or (RESOURCES if running_full else ()))
+            held.requested[name] > 0 and ledger.borrows_from(ws_id, held.workspace_id, name)
+            for name in names
         )
         if not useful:
             continue

@@ -1,4 +1,9 @@
-"""Org capacity, workspace quotas and the reservations that admission holds against them.
+"""Org capacity, the quota tree, workspace quotas and the reservations admission holds.
+
+The quota tree: the organisation is its root (its capacity is its limit), quota groups of any
+depth are its inner nodes (``QuotaGroup``: a division, a team), and each workspace's quota is a
+leaf (``WorkspaceQuota.group``; None: directly under the organisation). The arithmetic over it is
+``quotas/ledger.py``'s; what each field means is docs/scheduling.md's "Quota tree".
 
 A missing limit (``None``) means "no limit of its own": a workspace without ``limit_gpu`` may use
 up to the org's capacity, and an org without capacity rows admits everything.
@@ -54,6 +59,58 @@ class BudgetAction(models.TextChoices):
     QUEUE = "queue"
 
 
+class QuotaGroup(models.Model):
+    """An inner node of an organisation's quota tree (a division, a team): what its subtree is
+    guaranteed, may hold at most, and lends to others."""
+
+    organization = models.ForeignKey(
+        "workspaces.Organization", on_delete=models.CASCADE, related_name="quota_groups"
+    )
+    name = models.SlugField(max_length=64)
+    # None: directly under the organisation. PROTECT: a group with subgroups is not deleted
+    # (its children would silently move up the tree).
+    parent = models.ForeignKey(
+        "self", on_delete=models.PROTECT, null=True, blank=True, related_name="children"
+    )
+    guaranteed_cpu = models.FloatField(default=0)
+    guaranteed_memory_gb = models.FloatField(default=0)
+    guaranteed_gpu = models.FloatField(default=0)
+    guaranteed_disk_gb = models.FloatField(default=0)
+    limit_cpu = models.FloatField(null=True, blank=True)
+    limit_memory_gb = models.FloatField(null=True, blank=True)
+    limit_gpu = models.FloatField(null=True, blank=True)
+    limit_disk_gb = models.FloatField(null=True, blank=True)
+    # How much of its guarantee it lends to the rest of the tree while idle (None: all of it).
+    lending_limit_cpu = models.FloatField(null=True, blank=True)
+    lending_limit_memory_gb = models.FloatField(null=True, blank=True)
+    lending_limit_gpu = models.FloatField(null=True, blank=True)
+    lending_limit_disk_gb = models.FloatField(null=True, blank=True)
+    max_running_jobs = models.PositiveIntegerField(null=True, blank=True)
+    fair_share_weight = models.FloatField(default=1.0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization", "name"], name="one_quota_group_name_per_org"
+            )
+        ]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def guaranteed(self) -> dict[str, float]:
+        return {name: getattr(self, f"guaranteed_{name}") for name in RESOURCES}
+
+    def limit(self) -> dict[str, float | None]:
+        return {name: getattr(self, f"limit_{name}") for name in RESOURCES}
+
+    def lending_limit(self) -> dict[str, float | None]:
+        return {name: getattr(self, f"lending_limit_{name}") for name in RESOURCES}
+
+
 class WorkspaceQuota(models.Model):
     workspace = models.OneToOneField(
         "workspaces.Workspace", on_delete=models.CASCADE, related_name="quota"
@@ -66,6 +123,18 @@ class WorkspaceQuota(models.Model):
     limit_memory_gb = models.FloatField(null=True, blank=True)
     limit_gpu = models.FloatField(null=True, blank=True)
     limit_disk_gb = models.FloatField(null=True, blank=True)
+    # Its place in the quota tree: None, directly under the organisation.
+    group = models.ForeignKey(
+        QuotaGroup,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="workspace_quotas",
+    )
+    lending_limit_cpu = models.FloatField(null=True, blank=True)
+    lending_limit_memory_gb = models.FloatField(null=True, blank=True)
+    lending_limit_gpu = models.FloatField(null=True, blank=True)
+    lending_limit_disk_gb = models.FloatField(null=True, blank=True)
     max_running_jobs = models.PositiveIntegerField(null=True, blank=True)
     max_queued_jobs = models.PositiveIntegerField(null=True, blank=True)
     gpu_hours_per_month = models.FloatField(null=True, blank=True)
@@ -89,6 +158,9 @@ class WorkspaceQuota(models.Model):
 
     def limit(self) -> dict[str, float | None]:
         return {name: getattr(self, f"limit_{name}") for name in RESOURCES}
+
+    def lending_limit(self) -> dict[str, float | None]:
+        return {name: getattr(self, f"lending_limit_{name}") for name in RESOURCES}
 
 
 class Reservation(models.Model):

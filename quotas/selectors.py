@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, Sum
@@ -17,9 +18,11 @@ from .models import (
     FairShareUsage,
     OrgQuota,
     QueuePolicy,
+    QuotaGroup,
     Reservation,
     WorkspaceQuota,
 )
+from .tree import QuotaTree
 
 # The policies whose order (or whose why-waiting factors) weigh a workspace's past usage.
 PAST_USAGE_POLICIES = (QueuePolicy.FAIR_SHARE, QueuePolicy.INTELLIGENT)
@@ -53,6 +56,21 @@ def workspace_quota(workspace) -> WorkspaceQuota:
     joined = _joined(workspace, WorkspaceQuota, "workspace")
     found = WorkspaceQuota.objects.filter(workspace=workspace).first() if joined is ... else joined
     return found or WorkspaceQuota(workspace=workspace)
+
+
+def groups_above(quota: WorkspaceQuota) -> list[QuotaGroup]:
+    """The quota groups above a workspace, nearest first (none, and no query, for a workspace
+    directly under its organisation)."""
+    if quota.group_id is None:
+        return []
+    groups = {
+        g.pk: g for g in QuotaGroup.objects.filter(organization_id=quota.workspace.organization_id)
+    }
+    chain, node = [], quota.group_id
+    while node in groups and groups[node] not in chain:
+        chain.append(groups[node])
+        node = groups[node].parent_id
+    return chain
 
 
 def active_reservations():
@@ -131,7 +149,13 @@ def ledger_for(
         flavors=flavor_book(organization_id, org_q, ws_quotas, gpu_pools(), host)
         if gpu_pools is not None
         else None,
+        groups=quota_groups(organization_id),
     )
+
+
+def quota_groups(organization_id: int) -> dict[int, QuotaGroup]:
+    """The organisation's quota groups by id (one query)."""
+    return {group.pk: group for group in QuotaGroup.objects.filter(organization_id=organization_id)}
 
 
 def flavor_book(
@@ -197,16 +221,87 @@ def past_usage(organization_id: int) -> dict[int, PastUsage]:
     }
 
 
+def quota_tree(organization) -> dict[str, Any]:
+    """The organisation's quota tree as it stands, from the root: each node's quota (guaranteed,
+    limit, lending limit, weight, max running), what its subtree holds and how much of that it
+    borrows (holds beyond its guarantee). Four queries, however deep."""
+    org_q = org_quota(organization)
+    groups = quota_groups(organization.pk)
+    workspaces = {
+        ws.pk: ws for ws in organization.workspaces.filter(archived_at=None).select_related("quota")
+    }
+    ws_quotas = {pk: workspace_quota(ws) for pk, ws in workspaces.items()}
+    rows = active_reservations().filter(organization=organization).values("workspace_id")
+    ws_usage: dict[int, Usage] = defaultdict(Usage)
+    for row in rows.annotate(**TOTALS):
+        ws_usage[row["workspace_id"]] = _usage(row)
+    tree = QuotaTree(groups, {pk: q for pk, q in ws_quotas.items()}, ws_usage)
+    org_usage = Usage()
+    for usage in ws_usage.values():
+        _merge(org_usage, usage)
+
+    def node(kind, name, quota, usage: Usage, children) -> dict[str, Any]:
+        held = {r: getattr(usage, r) for r in RESOURCES}
+        guaranteed = quota.guaranteed() if kind != "organization" else quota.capacity()
+        return {
+            "level": kind,
+            "name": name,
+            "guaranteed": guaranteed,
+            "limit": quota.limit() if kind != "organization" else quota.capacity(),
+            "lending_limit": (
+                quota.lending_limit() if kind != "organization" else dict.fromkeys(RESOURCES)
+            ),
+            "fair_share_weight": getattr(quota, "fair_share_weight", 1.0),
+            "max_running_jobs": quota.max_running_jobs,
+            "usage": held,
+            "running": usage.running,
+            "borrowed": {
+                r: max(0.0, held[r] - (guaranteed[r] or 0.0)) if kind != "organization" else 0.0
+                for r in RESOURCES
+            },
+            "children": children,
+        }
+
+    under: dict[int | None, list[dict[str, Any]]] = defaultdict(list)
+    for pk, ws in sorted(workspaces.items(), key=lambda item: item[1].slug):
+        path = tree.path(pk)
+        under[path[0] if path else None].append(
+            node("workspace", ws.slug, ws_quotas[pk], ws_usage.get(pk) or Usage(), [])
+        )
+
+    def subtree(group_id: int) -> dict[str, Any]:
+        group = groups[group_id]
+        children = [subtree(c) for c in sorted(groups) if _parent(groups, c) == group_id]
+        return node("group", group.name, group, tree.usage[group_id], children + under[group_id])
+
+    top = [subtree(g) for g in sorted(groups, key=lambda g: groups[g].name)
+           if _parent(groups, g) is None]  # fmt: skip
+    return node("organization", organization.slug, org_q, org_usage, top + under[None])
+
+
+def _parent(groups: dict[int, QuotaGroup], group_id: int) -> int | None:
+    parent = groups[group_id].parent_id
+    return parent if parent in groups else None
+
+
+def _merge(target: Usage, usage: Usage) -> None:
+    for name in (*RESOURCES, "running"):
+        setattr(target, name, getattr(target, name) + getattr(usage, name))
+
+
 def drift_over_limits() -> dict[str, int]:
-    """How many organisations and workspaces hold more than their capacity, limit or
-    max-running cap allows (0 everywhere when admission kept its invariants)."""
+    """How many organisations, quota groups and workspaces hold more than their capacity, limit
+    or max-running cap allows (0 everywhere when admission kept its invariants). A group holds
+    what its workspaces hold, at any depth."""
     drift = {"over_capacity": 0, "over_limit": 0, "over_running": 0}
     orgs = {q.organization_id: q for q in OrgQuota.objects.all()}
     workspaces = {q.workspace_id: q for q in WorkspaceQuota.objects.all()}
+    groups = {g.pk: g for g in QuotaGroup.objects.all()}
     scopes = (
         ("organization_id", orgs, OrgQuota.capacity, "over_capacity"),
         ("workspace_id", workspaces, WorkspaceQuota.limit, "over_limit"),
     )
+    in_groups: dict[int, Usage] = defaultdict(Usage)
     for scope, quotas, ceilings_of, over in scopes:
         for row in active_reservations().values(scope).annotate(**TOTALS):
             quota = quotas.get(row[scope])
@@ -216,4 +311,18 @@ def drift_over_limits() -> dict[str, int]:
                 drift[over] += int(ceiling is not None and row[name] > ceiling + EPSILON)
             cap = quota.max_running_jobs
             drift["over_running"] += int(cap is not None and row["jobs"] > cap)
+            if scope == "workspace_id" and groups:
+                node, seen = quota.group_id, set()
+                while node in groups and node not in seen:
+                    seen.add(node)
+                    _merge(in_groups[node], _usage(row))
+                    node = groups[node].parent_id
+    for pk, usage in in_groups.items():
+        group = groups[pk]
+        for name, ceiling in group.limit().items():
+            drift["over_limit"] += int(
+                ceiling is not None and getattr(usage, name) > ceiling + EPSILON
+            )
+        cap = group.max_running_jobs
+        drift["over_running"] += int(cap is not None and usage.running > cap)
     return drift

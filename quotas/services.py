@@ -12,7 +12,7 @@ from django.utils import timezone
 from audit import services as audit
 from audit.context import Actor
 from config.db import copy_insert
-from config.errors import InvalidInput
+from config.errors import Conflict, InvalidInput
 from outbox.services import event_emit
 from workspaces.archive import require_active
 
@@ -23,10 +23,12 @@ from .models import (
     BudgetAlert,
     FairShareUsage,
     OrgQuota,
+    QuotaGroup,
     Reservation,
     WorkspaceQuota,
 )
 from .selectors import half_life_seconds
+from .tree import check_tree
 
 ORG_FIELDS = [
     *RESOURCES,
@@ -40,32 +42,35 @@ WS_FIELDS = (
     [f"guaranteed_{r}" for r in RESOURCES]
     + [f"limit_{r}" for r in RESOURCES]
     + ["max_running_jobs", "max_queued_jobs", "gpu_hours_per_month", "budget_action"]
-    + ["fair_share_weight", "gpu_flavors"]
+    + ["fair_share_weight", "gpu_flavors", "group_id"]
+    + [f"lending_limit_{r}" for r in RESOURCES]
+)
+GROUP_FIELDS = (
+    ["name", "parent_id"]
+    + [f"guaranteed_{r}" for r in RESOURCES]
+    + [f"limit_{r}" for r in RESOURCES]
+    + [f"lending_limit_{r}" for r in RESOURCES]
+    + ["max_running_jobs", "fair_share_weight"]
 )
 
 
-def _check_consistency(org_q: OrgQuota, ws_quotas: list[WorkspaceQuota]) -> None:
-    """guaranteed ≤ limit ≤ capacity per workspace; Σ guaranteed ≤ capacity."""
-    for name in RESOURCES:
-        capacity = getattr(org_q, name)
-        total = 0.0
-        for q in ws_quotas:
-            guaranteed, limit = getattr(q, f"guaranteed_{name}"), getattr(q, f"limit_{name}")
-            total += guaranteed
-            if limit is not None and guaranteed > limit:
-                raise InvalidInput.on(
-                    f"guaranteed_{name}", f"guaranteed {guaranteed:g} is above the limit {limit:g}"
-                )
-            if capacity is not None and limit is not None and limit > capacity:
-                raise InvalidInput.on(
-                    f"limit_{name}",
-                    f"limit {limit:g} is above the organisation's capacity {capacity:g}",
-                )
-        if capacity is not None and total > capacity + 1e-9:
-            raise InvalidInput.on(
-                f"guaranteed_{name}" if ws_quotas else name,
-                f"the workspaces' guarantees add up to {total:g}, above the capacity {capacity:g}",
-            )
+def _check_consistency(
+    org_q: OrgQuota, ws_quotas: list[WorkspaceQuota], groups: list[QuotaGroup] | None = None
+) -> None:
+    """The quota tree is one, and its numbers agree (``quotas.tree.check_tree``): guaranteed ≤
+    limit ≤ the limit above; Σ guaranteed of a node's children ≤ its guarantee (the
+    organisation's: its capacity)."""
+    if groups is None:
+        groups = list(QuotaGroup.objects.filter(organization_id=org_q.organization_id))
+    check_tree(org_q.capacity(), groups, ws_quotas)
+
+
+def _tree_rows(organization, *, lock: bool) -> tuple[OrgQuota, list[QuotaGroup]]:
+    """The organisation's quota (locked first: every write to its tree takes it, so two
+    writes are checked one after the other) and its groups."""
+    org_q, _ = OrgQuota.objects.select_for_update().get_or_create(organization=organization)
+    groups = QuotaGroup.objects.filter(organization=organization)
+    return org_q, list(groups.select_for_update() if lock else groups)
 
 
 def _check_flavors(org_q: OrgQuota, ws_quotas: list[WorkspaceQuota]) -> None:
@@ -120,15 +125,14 @@ def org_quota_update(*, actor: Actor, organization, data: dict[str, Any]) -> Org
 @transaction.atomic
 def workspace_quota_update(*, actor: Actor, workspace, data: dict[str, Any]) -> WorkspaceQuota:
     require_active(workspace)
-    org_q, _ = OrgQuota.objects.select_for_update().get_or_create(
-        organization=workspace.organization
-    )
+    org_q, groups = _tree_rows(workspace.organization, lock=False)
     quota, _ = WorkspaceQuota.objects.select_for_update().get_or_create(workspace=workspace)
     others = list(
         WorkspaceQuota.objects.filter(
             workspace__organization=workspace.organization, workspace__archived_at=None
         ).exclude(pk=quota.pk)
     )
+    data = _with_node(data, "group", workspace.organization)
     audit.model_update(
         instance=quota,
         fields=WS_FIELDS,
@@ -137,7 +141,7 @@ def workspace_quota_update(*, actor: Actor, workspace, data: dict[str, Any]) -> 
         action="quota.update",
         validate=lambda _: (
             _check_weight(quota),
-            _check_consistency(org_q, [*others, quota]),
+            _check_consistency(org_q, [*others, quota], groups),
             _check_flavors(org_q, [*others, quota]),
         ),
         full_clean=False,
@@ -145,6 +149,109 @@ def workspace_quota_update(*, actor: Actor, workspace, data: dict[str, Any]) -> 
         workspace=workspace,
     )
     return quota
+
+
+def _with_node(data: dict[str, Any], field: str, organization) -> dict[str, Any]:
+    """``data`` with the quota group given as ``field`` (a group or None) as its id, refused
+    when it belongs to another organisation."""
+    if field not in data:
+        return data
+    group = data[field]
+    if group is not None and group.organization_id != organization.pk:
+        raise InvalidInput.on(field, f"quota group '{group.name}' belongs to another organisation")
+    rest = {key: value for key, value in data.items() if key != field}
+    return {**rest, f"{field}_id": group.pk if group else None}
+
+
+def _others(organization) -> list[WorkspaceQuota]:
+    return list(
+        WorkspaceQuota.objects.filter(
+            workspace__organization=organization, workspace__archived_at=None
+        )
+    )
+
+
+@transaction.atomic
+def quota_group_create(*, actor: Actor, organization, data: dict[str, Any]) -> QuotaGroup:
+    """Add a node to the organisation's quota tree (under ``parent``, or the organisation)."""
+    org_q, groups = _tree_rows(organization, lock=True)
+    data = _with_node(data, "parent", organization)
+    if any(group.name == data.get("name") for group in groups):
+        raise InvalidInput.on("name", f"the organisation has a quota group '{data['name']}'")
+    group = QuotaGroup(organization=organization)
+    for name in GROUP_FIELDS:
+        if name in data:
+            setattr(group, name, data[name])
+    _check_group_weight(group)
+    _check_consistency(org_q, _others(organization), [*groups, group])
+    group.save()
+    audit.record(
+        actor=actor,
+        action="quota_group.create",
+        target=group,
+        target_repr=f"quota group {group.name} of {organization.slug}",
+        organization=organization,
+        changes={name: [None, getattr(group, name)] for name in GROUP_FIELDS},
+    )
+    return group
+
+
+@transaction.atomic
+def quota_group_update(*, actor: Actor, group: QuotaGroup, data: dict[str, Any]) -> QuotaGroup:
+    """Change a group's quota, name or parent (never under itself or its own subtree)."""
+    organization = group.organization
+    org_q, groups = _tree_rows(organization, lock=True)
+    group = next(g for g in groups if g.pk == group.pk)
+    data = _with_node(data, "parent", organization)
+    name = data.get("name")
+    if any(g.name == name and g.pk != group.pk for g in groups):
+        raise InvalidInput.on("name", f"the organisation has a quota group '{name}'")
+    audit.model_update(
+        instance=group,
+        fields=GROUP_FIELDS,
+        data=data,
+        actor=actor,
+        action="quota_group.update",
+        validate=lambda _: (
+            _check_group_weight(group),
+            _check_consistency(org_q, _others(organization), groups),
+        ),
+        full_clean=False,
+        target_repr=f"quota group {group.name} of {organization.slug}",
+        organization=organization,
+    )
+    return group
+
+
+@transaction.atomic
+def quota_group_delete(*, actor: Actor, group: QuotaGroup) -> None:
+    """Remove an empty group: one with groups or workspaces under it is refused (409), never
+    emptied by moving them elsewhere behind the admin's back."""
+    organization = group.organization
+    _tree_rows(organization, lock=True)
+    children = QuotaGroup.objects.filter(parent=group).count()
+    members = WorkspaceQuota.objects.filter(group=group).count()
+    if children or members:
+        raise Conflict(
+            f"quota group '{group.name}' still has {children} group(s) and {members} "
+            "workspace(s) under it: move or delete them first",
+            errors={"group": [f"{children} group(s), {members} workspace(s) under it"]},
+        )
+    audit.record(
+        actor=actor,
+        action="quota_group.delete",
+        target=group,
+        target_repr=f"quota group {group.name} of {organization.slug}",
+        organization=organization,
+    )
+    group.delete()
+
+
+def _check_group_weight(group: QuotaGroup) -> None:
+    if not group.fair_share_weight > 0:
+        raise InvalidInput.on(
+            "fair_share_weight", f"must be greater than 0, not {group.fair_share_weight:g}"
+        )
 
 
 def reservations_hold(

@@ -57,6 +57,7 @@ from quotas.models import (
     BudgetAlert,
     FairShareUsage,
     OrgQuota,
+    QuotaGroup,
     Reservation,
     WorkspaceQuota,
 )
@@ -685,6 +686,17 @@ class OrgQuotaFactory(DjangoModelFactory):
     cpu = 64.0
     memory_gb = 256.0
     gpu = 8.0
+
+
+class QuotaGroupFactory(DjangoModelFactory):
+    """A quota group directly under its organisation, with no quota of its own."""
+
+    class Meta:
+        model = QuotaGroup
+        django_get_or_create = ("organization", "name")
+
+    organization = factory.SubFactory(OrganizationFactory)
+    name = factory.Sequence(lambda n: f"group-{n}")
 
 
 class WorkspaceQuotaFactory(DjangoModelFactory):

@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from audit.context import Actor
 from jobs.models import Job, JobState, JobTemplate
 from notifications.models import WebhookEndpoint
-from quotas.models import WorkspaceQuota
+from quotas.models import QuotaGroup, WorkspaceQuota
 from tests import factories as f
 from tests import test_strict_input as strict_input
 
@@ -100,6 +100,13 @@ def warm_pools(world, ids, n):
         f.WarmClusterFactory(pool=f.WarmPoolFactory(organization=world.org, spec=shape))
 
 
+def quota_groups(world, ids, n):
+    """n groups, each under the one made before it (the list names each one's parent)."""
+    for _ in range(n):
+        parent = QuotaGroup.objects.filter(organization=world.org).order_by("pk").last()
+        f.QuotaGroupFactory(organization=world.org, parent=parent)
+
+
 def template_versions(world, ids, n):
     template = JobTemplate.objects.get(pk=ids["templates"])
     for _ in range(n):
@@ -118,6 +125,7 @@ BUDGETS: dict[str, Budget] = {
     ),
     "compute_targets_list": Budget(4, batch(f.ComputeTargetFactory, organization=org)),
     "warm_pools_list": Budget(4, warm_pools),
+    "quota_groups_list": Budget(4, quota_groups),
     "invitations_list": Budget(4, batch(f.InvitationFactory, organization=org)),
     "org_users_list": Budget(4, batch(f.OrgMembershipFactory, organization=org)),
     "workspaces_list": Budget(4, batch(f.WorkspaceFactory, organization=org)),

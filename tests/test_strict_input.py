@@ -16,7 +16,7 @@ from notifications import services as notification_services
 from packages import sources
 from quotas.models import OrgQuota, WorkspaceQuota
 from tests.conftest import SYSTEM
-from tests.factories import WarmPoolFactory
+from tests.factories import QuotaGroupFactory, WarmPoolFactory
 from tests.jobs.conftest import counter_spec, submit
 from workspaces import compute_targets, identity, invitations
 from workspaces.models import WorkspaceMembership
@@ -107,6 +107,7 @@ def ids(world, template, settings, monkeypatch):
         "code-sources": "trainer",
         "invitations": invitation.pk,
         "warm-pools": WarmPoolFactory(organization=world.org).pk,
+        "quota-groups": QuotaGroupFactory(organization=world.org, name="team-a").name,
     }
 
 

@@ -213,6 +213,20 @@ class PredictedStartOutput(serializers.Serializer):
     )
 
 
+class GroupFactorsOutput(serializers.Serializer):
+    group = serializers.CharField(help_text="The quota group's name")
+    current_share = serializers.FloatField(
+        allow_null=True, help_text="What its subtree holds now ÷ its guarantee (dominant)"
+    )
+    decayed_usage_share = serializers.FloatField(
+        allow_null=True, help_text="Its workspaces' decayed past usage ÷ its guarantee"
+    )
+    weight = serializers.FloatField(help_text="The group's fair_share_weight")
+    fair_share_key = serializers.FloatField(
+        allow_null=True, help_text="Compared with its siblings' first: lowest goes first"
+    )
+
+
 class QueueFactorsOutput(serializers.Serializer):
     """What places a queued job under ``fair_share`` or ``intelligent``, as Slurm's ``sprio``
     shows it (docs/scheduling.md#policies). A share is null where it is infinite: the workspace
@@ -244,6 +258,12 @@ class QueueFactorsOutput(serializers.Serializer):
         required=False,
         help_text="intelligent only: a backfill job that waited past the aging time, and is "
         "no longer overtaken",
+    )
+    path = GroupFactorsOutput(
+        many=True,
+        required=False,
+        help_text="Under quota groups: the factors of each group above its workspace, from "
+        "the top; siblings are ordered at the highest level where their paths part",
     )
 
 

@@ -7,7 +7,7 @@ from django.test import Client
 
 from audit.models import AuditEvent
 from quotas import services
-from quotas.models import OrgQuota, WorkspaceQuota
+from quotas.models import OrgQuota, QuotaGroup, WorkspaceQuota
 from tests.admin_forms import login, messages_of, submit
 from tests.conftest import SYSTEM
 from tests.factories import ReservationFactory, WorkspaceFactory
@@ -144,3 +144,46 @@ def test_the_fair_share_weight_and_the_intelligent_policy_are_set_in_the_admin(w
     org_url = f"{ORG_QUOTAS}{quotas['acme'].pk}/change/"
     assert submit(login("owner@acme.test"), org_url, policy="intelligent").status_code == 302
     assert OrgQuota.objects.get(pk=quotas["acme"].pk).policy == "intelligent"
+
+
+GROUPS = "/admin/quotas/quotagroup/"
+
+
+def test_quota_groups_are_listed_added_edited_and_deleted_through_the_service(world, quotas):
+    admin = login("admin@acme.test")
+    theirs = services.quota_group_create(
+        actor=SYSTEM, organization=world.other_org, data={"name": "theirs"}
+    )
+    form = {"organization": world.org.pk, "name": "vision", "guaranteed_gpu": "4",
+            "limit_gpu": "6", "fair_share_weight": "1",
+            **{f"guaranteed_{r}": "0" for r in ("cpu", "memory_gb", "disk_gb")}}  # fmt: skip
+    added = admin.post(f"{GROUPS}add/", form)
+    assert added.status_code == 302, added.content.decode()[:3000]
+    vision = QuotaGroup.objects.get(organization=world.org, name="vision")
+    assert (vision.guaranteed_gpu, vision.limit_gpu) == (4, 6)
+    assert AuditEvent.objects.filter(action="quota_group.create").count() == 2
+    listing = admin.get(GROUPS).content.decode()
+    assert f"{GROUPS}{vision.pk}/change/" in listing and f"{GROUPS}{theirs.pk}/" not in listing
+    assert "4 / 6" in listing
+    # the ml workspace joins it, in the workspace quota's page
+    ws_url = f"{WS_QUOTAS}{quotas['ml'].pk}/change/"
+    assert submit(admin, ws_url, group=str(vision.pk)).status_code == 302
+    assert WorkspaceQuota.objects.get(pk=quotas["ml"].pk).group == vision
+    ReservationFactory(job__workspace=world.ws, cpu=0, memory_gb=0, gpu=1)
+    url = f"{GROUPS}{vision.pk}/change/"
+    assert "gpu 1 of 6" in admin.get(url).content.decode()
+    # a refusal of the service (lending more than it is guaranteed) changes nothing
+    refused = submit(admin, url, lending_limit_gpu="5")
+    assert refused.status_code == 302
+    assert any("lending_limit_gpu" in m for m in messages_of(admin.get(url)))
+    assert QuotaGroup.objects.get(pk=vision.pk).lending_limit_gpu is None
+    assert submit(admin, url, lending_limit_gpu="1").status_code == 302
+    assert QuotaGroup.objects.get(pk=vision.pk).lending_limit_gpu == 1
+    # a group with a workspace under it is not deleted; once empty, it is
+    kept = admin.post(f"{url.removesuffix('change/')}delete/", {"post": "yes"})
+    assert kept.status_code == 200 and "Cannot delete quota group" in kept.content.decode()
+    assert QuotaGroup.objects.filter(pk=vision.pk).exists()
+    services.workspace_quota_update(actor=SYSTEM, workspace=world.ws, data={"group": None})
+    admin.post(f"{url.removesuffix('change/')}delete/", {"post": "yes"})
+    assert not QuotaGroup.objects.filter(pk=vision.pk).exists()
+    assert AuditEvent.objects.filter(action="quota_group.delete").count() == 1

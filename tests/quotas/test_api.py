@@ -3,6 +3,7 @@ import pytest
 from audit.models import AuditEvent
 from jobs.models import Job
 from quotas.models import OrgQuota
+from tests.factories import QuotaGroupFactory
 from tests.matrix import IN_ORG, ORG_ADMINS, WS_VISIBLE, Case, check_case
 from tests.test_schema import load_schema
 
@@ -97,6 +98,14 @@ def test_usage(world, template):
     assert usage["gpu_hours_this_month"] == 0
 
 
+def a_group(world) -> dict[str, str]:
+    """A quota group of the world's organisation (and one of the same name in the other, so a
+    foreign caller's 404 is not just a missing name)."""
+    for org in (world.org, world.other_org):
+        QuotaGroupFactory(organization=org, name="team-a")
+    return {"group": "team-a"}
+
+
 CASES = [
     Case("org_quota_retrieve", "GET", "/api/v1/orgs/{org}/quota/", IN_ORG, ws_scoped=False),
     Case("org_quota_update", "PATCH", "/api/v1/orgs/{org}/quota/", ORG_ADMINS, ws_scoped=False,
@@ -115,8 +124,21 @@ CASES = [
                "limit_gpu": 2, "limit_disk_gb": None,
                "max_running_jobs": None, "max_queued_jobs": None,
                "gpu_hours_per_month": None, "budget_action": "refuse",
-               "fair_share_weight": 1},
+               "fair_share_weight": 1, "group": None, "lending_limit_cpu": None,
+               "lending_limit_memory_gb": None, "lending_limit_gpu": None,
+               "lending_limit_disk_gb": None},
          audit="quota.update"),
+    Case("org_quota_tree", "GET", "/api/v1/orgs/{org}/quota/tree/", IN_ORG, ws_scoped=False),
+    Case("quota_groups_list", "GET", "/api/v1/orgs/{org}/quota-groups/", IN_ORG,
+         ws_scoped=False),
+    Case("quota_groups_create", "POST", "/api/v1/orgs/{org}/quota-groups/", ORG_ADMINS, 201,
+         body={"name": "vision", "limit_gpu": 4}, audit="quota_group.create", ws_scoped=False),
+    Case("quota_group_retrieve", "GET", "/api/v1/orgs/{org}/quota-groups/{group}/", IN_ORG,
+         ws_scoped=False, params=a_group),
+    Case("quota_group_update", "PATCH", "/api/v1/orgs/{org}/quota-groups/{group}/", ORG_ADMINS,
+         body={"limit_gpu": 2}, audit="quota_group.update", ws_scoped=False, params=a_group),
+    Case("quota_group_delete", "DELETE", "/api/v1/orgs/{org}/quota-groups/{group}/", ORG_ADMINS,
+         204, audit="quota_group.delete", ws_scoped=False, params=a_group),
 ]  # fmt: skip
 
 

@@ -11,8 +11,9 @@ from audit.context import Actor
 from jobs import admission
 from jobs import services as job_services
 from jobs.models import Job, JobAttempt
-from quotas.models import OrgQuota, Reservation, WorkspaceQuota
+from quotas.models import OrgQuota, QuotaGroup, Reservation, WorkspaceQuota
 from tests.conftest import build_world
+from tests.factories import WorkspaceFactory, WorkspaceMembershipFactory
 from tests.jobs.conftest import counter_spec
 
 
@@ -74,3 +75,71 @@ def test_200_submissions_against_a_quota_that_fits_10():
     assert set(JobAttempt.objects.values_list("job_id", flat=True)) == set(
         launching.values_list("id", flat=True)
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_admission_never_takes_a_group_over_its_limit():
+    """Three levels (org → division → team → workspace, and a second workspace directly under
+    the division), submitters in both workspaces and admitters racing: the division's limit of
+    6 CPUs holds (the workspaces' own limits would allow 7, the organisation 10), the team's 4
+    too, whatever the interleaving."""
+    world = build_world()
+    other = WorkspaceFactory(organization=world.org, slug="other")
+    WorkspaceMembershipFactory(workspace=other, user=world.users["developer"], role="developer")
+    OrgQuota.objects.create(organization=world.org, cpu=10, policy="round_robin")
+    division = QuotaGroup.objects.create(organization=world.org, name="div", limit_cpu=6)
+    team = QuotaGroup.objects.create(
+        organization=world.org, name="team", parent=division, limit_cpu=4
+    )
+    WorkspaceQuota.objects.create(workspace=world.ws, group=team)
+    WorkspaceQuota.objects.create(workspace=other, group=division, limit_cpu=3)
+    owner = Actor.for_user(world.users["owner"])
+    spec = counter_spec(head={"cpu": 1, "memory_gb": 1}, worker_groups=[])
+    templates = {
+        ws.pk: job_services.template_create(
+            actor=owner, workspace=ws, name="one-cpu", spec=spec
+        ).template
+        for ws in (world.ws, other)
+    }
+    developer = Actor.for_user(world.users["developer"])
+    errors, done = [], threading.Event()
+
+    def submitter(ws, count):
+        try:
+            for _ in range(count):
+                job_services.job_submit(actor=developer, workspace=ws, template=templates[ws.pk])
+        except Exception as exc:  # surfaced by the assertion below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def admitter(admit):
+        try:
+            while not done.is_set():
+                admit(world.org.pk)
+            admission.admit(world.org.pk)
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    submitters = [threading.Thread(target=submitter, args=(ws, 25)) for ws in (world.ws, other) * 2]
+    kinds = [admission.admit, admission.admit_single_flight] * 2
+    admitters = [threading.Thread(target=admitter, args=(kind,)) for kind in kinds]
+    for thread in admitters + submitters:
+        thread.start()
+    for thread in submitters:
+        thread.join()
+    done.set()
+    for thread in admitters:
+        thread.join()
+    assert errors == []
+    active = Reservation.objects.filter(released_at__isnull=True)
+    in_team = active.filter(workspace=world.ws).aggregate(total=Sum("cpu"))["total"]
+    in_other = active.filter(workspace=other).aggregate(total=Sum("cpu"))["total"]
+    in_division = active.aggregate(total=Sum("cpu"))["total"]
+    # full, and not one CPU beyond: the division at 6, the team within its 4 (how much of the
+    # division each workspace got depends on the interleaving)
+    assert in_division == 6 and in_team <= 4 and in_other <= 3
+    assert JobAttempt.objects.count() == active.count() == 6
+    assert Job.objects.filter(state="launching").count() == 6
