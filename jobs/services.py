@@ -20,12 +20,13 @@ from workspaces.archive import require_active
 from workspaces.models import ApprovalPolicy, ComputeTargetKind, Workspace
 
 from . import spec as job_spec
-from .admission import check_submission
+from .admission import admit_inline
 from .local_host import capacity as host_capacity
 from .local_host import compute_target_of, local_target_config, sandbox_footprint
 from .models import Job, JobState, JobTemplate, JobTemplateVersion
 from .selectors import LATEST_JOIN
 from .state import record_event, run_state_hooks, transition
+from .submission import check_submission
 
 
 class SelfApprovalForbidden(Forbidden):
@@ -368,7 +369,7 @@ def job_submit(
         audit_action="job.submit",
         changes={"state": [None, job.state]},
     )
-    run_state_hooks(job)
+    run_state_hooks(job, admit_here=admit_inline)  # a job queued at once: one hop to launch
     return job
 
 
@@ -394,6 +395,7 @@ def job_approve(*, actor: Actor, job: Job, reason: str = "") -> Job:
         reason=reason,
         audit_action="job.approve",
         expect_from=frozenset({JobState.PENDING_APPROVAL}),
+        admit_here=admit_inline,  # admitted in this process: one hop to its launch task
     )
 
 

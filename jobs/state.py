@@ -241,6 +241,7 @@ def transition(
     audit_action: str | None = None,
     expect_from: frozenset[str] | None = None,
     mutate: Callable[[Job], None] | None = None,
+    admit_here: Callable[[int], object] | None = None,
 ) -> Job | list[Job]:
     """Move one job (given by id; returns it, whole) or many (returns them, with
     :data:`BULK_FIELDS` loaded) to ``to_state``, or raise :class:`InvalidTransition` and move
@@ -313,10 +314,14 @@ def transition(
         robust=True,
     )
     for job in locked:
-        run_state_hooks(job)
+        run_state_hooks(job, admit_here=admit_here)
     return locked[0] if one else locked
 
 
-def run_state_hooks(job: Job) -> None:
-    """Schedule what the job's new state starts after commit (``jobs/dispatch.py``)."""
-    dispatch.after_transition(job.pk, job.state)
+def run_state_hooks(job: Job, *, admit_here: Callable[[int], object] | None = None) -> None:
+    """Schedule what the job's new state starts after commit (``jobs/dispatch.py``); an
+    admission pass it asks for runs through ``admit_here`` when given, else as the admit
+    task."""
+    dispatch.after_transition(
+        job.pk, job.state, organization_id=job.organization_id, admit_here=admit_here
+    )
