@@ -357,6 +357,9 @@ def job_submit(
     )
     job.save(force_insert=True)  # its workspace, organisation and submitter are at hand: no re-read
     version, reason = job.template_version, job.approval_reason
+    # A job queued at once: admitted in this process once this commits (one hop to its launch
+    # task), before the outbox's wake-up of the dispatcher that record_event registers.
+    run_state_hooks(job, admit_here=admit_inline)
     record_event(
         job,
         from_state="",
@@ -369,7 +372,6 @@ def job_submit(
         audit_action="job.submit",
         changes={"state": [None, job.state]},
     )
-    run_state_hooks(job, admit_here=admit_inline)  # a job queued at once: one hop to launch
     return job
 
 

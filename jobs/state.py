@@ -299,6 +299,10 @@ def transition(
     if leaving and to_state not in ACTIVE_STATES:
         quota_services.reservations_release(leaving)
     merged = {job.pk: {**(data or {}), **(data_by_job or {}).get(job.pk, {})} for job in locked}
+    # What the moves start (an admission pass, a launch) is registered before the outbox's wake-up
+    # of the dispatcher, so it is the first thing run or sent once this commits.
+    for job in locked:
+        run_state_hooks(job, admit_here=admit_here)
     _record(
         locked,
         from_states=from_states,
@@ -313,8 +317,6 @@ def transition(
         lambda: metrics_events.jobs_moved(locked, data_by_job=merged, now=now, **counted),
         robust=True,
     )
-    for job in locked:
-        run_state_hooks(job, admit_here=admit_here)
     return locked[0] if one else locked
 
 

@@ -154,7 +154,10 @@ def test_a_long_queue_is_left_to_the_admit_task(sent, monkeypatch):
             for _ in range(3)
         ]
         holder.rollback()
-    assert sent == [] and Job.objects.filter(state="queued").count() == 3
+    # the first two asked the pass in progress; the third found the queue past the bound
+    assert sent == [(dispatch.ADMIT, ())]
+    assert Job.objects.filter(state="queued").count() == 3
+    del sent[:]
     needs_approval(world)
     fourth = job_services.job_submit(actor=developer, workspace=world.ws, template=template)
 
@@ -164,7 +167,7 @@ def test_a_long_queue_is_left_to_the_admit_task(sent, monkeypatch):
     assert Job.objects.get(pk=fourth.pk).state == "queued"
     assert sent == [(dispatch.ADMIT, ())]
     requests = AdmissionRequests.objects.get(organization=world.org)
-    assert (requests.requested, requests.served) == (4, 0)
+    assert (requests.requested, requests.served) == (2, 0)  # nor asked the pass
     assert admission.admit_all() == {world.org.pk: [*queued, fourth.pk]}
 
 
