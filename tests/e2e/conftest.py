@@ -39,9 +39,9 @@ def cluster_processes(work_dir: str) -> list[int]:
 
 class Worker:
     """The deployment's workers, as ``make worker`` starts them: one for the job lifecycle's
-    queue (with the beat) and one for the ``webhooks`` queue, in one process group, logging to
-    one file. Each worker serves its own metrics: the webhooks worker on ``webhooks_env``'s
-    ``MANTA_WORKER_METRICS_PORT``, or none."""
+    queue (with the beat) and one for the ``webhooks`` queue, each in a session of its own,
+    logging to one file. Each serves its own metrics: the webhooks worker on the
+    ``MANTA_WORKER_METRICS_PORT`` of ``webhooks_env``, or none."""
 
     def __init__(self, env: dict[str, str], log_path: Path, webhooks_env: dict[str, str]):
         self.env, self.log_path, self.proc, self.webhooks = env, log_path, None, None
@@ -52,19 +52,26 @@ class Worker:
 
     def start(self) -> None:
         log = open(self.log_path, "a")  # noqa: SIM115  (kept for the process's lifetime)
-        tag = time.monotonic_ns()
+        tag, self.webhooks = time.monotonic_ns(), None
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "config", "worker", "-B", "-l", "info",
              "-Q", "celery", "--concurrency", "4", "-n", f"e2e-{tag}@%h",
              "-s", str(Path(self.env["MANTA_VAR_DIR"]) / "beat-schedule")],
             cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-        self.webhooks = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "info",
-             "-Q", "webhooks", "--concurrency", "2", "-n", f"e2e-webhooks-{tag}@%h"],
-            cwd=ROOT, env=self.webhooks_env, stdout=log, stderr=subprocess.STDOUT,
-            process_group=self.proc.pid,
-        )  # fmt: skip
+        try:
+            self.webhooks = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "info",
+                 "-Q", "webhooks", "--concurrency", "2", "-n", f"e2e-webhooks-{tag}@%h"],
+                cwd=ROOT, env=self.webhooks_env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+            self._wait_ready()
+        except BaseException:
+            self.stop()  # neither is left behind, to take the next test's tasks
+            raise
+
+    def _wait_ready(self) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.log_path.read_text(errors="replace").count(" ready.") >= 2:
@@ -76,22 +83,22 @@ class Worker:
 
     def kill(self) -> None:
         """SIGKILL the whole worker (main process, pool, beat), as if its host process died."""
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.webhooks.wait()
+        for proc in (self.proc, self.webhooks):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         # forget the "ready." of the dead worker
         self.log_path.write_text("")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+        running = [proc for proc in (self.proc, self.webhooks) if proc and proc.poll() is None]
+        for proc in running:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in running:
             try:
-                self.proc.wait(timeout=30)
-                self.webhooks.wait(timeout=30)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-                self.webhooks.wait()
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 @pytest.fixture(scope="module")
