@@ -12,7 +12,6 @@ turn a committed change into an error, and the sweep finds whatever was not sent
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Iterable
 
@@ -90,8 +89,7 @@ def after_transition(
     after all."""
     if state == JobState.QUEUED or state in TERMINAL_STATES:
         if admit_here is not None and organization_id is not None:
-            run = functools.partial(_admit_here, admit_here, organization_id)
-            transaction.on_commit(run, robust=True)
+            transaction.on_commit(lambda: _admit_here(admit_here, organization_id), robust=True)
         else:
             transaction.on_commit(admit, robust=True)
     if state == JobState.CANCELLED:

@@ -3,6 +3,7 @@ is logged as lost and the sweep finds the work (a queued job, an attempt without
 
 import pytest
 from django.db import connection
+from kombu import pools as kombu_pools
 
 from config.celery import app
 from jobs.models import Job
@@ -19,9 +20,14 @@ def broker_away():
     app.pool.force_close_all()
     app._pool = None
     app.conf.broker_url = "redis://127.0.0.1:9/0"
+    app.amqp._producer_pool = None
     yield
     app.pool.force_close_all()
+    # kombu keeps its connection and producer pools per broker address for the process: the
+    # closed ones would refuse every later test's sends
+    kombu_pools.reset()
     app._pool = None
+    app.amqp._producer_pool = None
     app.conf.broker_url = previous
 
 
