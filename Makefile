@@ -103,8 +103,15 @@ PORT ?= 8000
 serve: migrate
 	$(BIN)/python manage.py runserver 127.0.0.1:$(PORT)
 
+# One worker per queue (config/settings.py): the job lifecycle's (the default queue:
+# admission, launch, follow, cancel, the sweeps) and the webhooks' (outbox dispatcher,
+# deliveries, emails). Two processes, because one worker consuming both queues gives its pool
+# to whichever task comes first: a backlog of slow deliveries would hold every process, and
+# every launch behind it. Stopping make (Ctrl-C, or SIGTERM to its process group) stops both.
 worker: install system-deps
-	$(BIN)/celery -A config worker -l info
+	$(BIN)/celery -A config worker -l info -Q webhooks -n webhooks@%h & webhooks=$$!; \
+	trap 'kill $$webhooks 2>/dev/null; wait $$webhooks' EXIT INT TERM; \
+	$(BIN)/celery -A config worker -l info -Q celery -n jobs@%h
 
 clean:
 	rm -rf var

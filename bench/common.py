@@ -51,8 +51,18 @@ def configure(db_name: str, **extra_env: str) -> dict[str, str]:
 
 
 class CeleryWorker:
-    def __init__(self, env: dict[str, str], concurrency: int = 2, beat: bool = False):
-        self.log = Path(env["MANTA_VAR_DIR"]) / "worker.log"
+    def __init__(
+        self,
+        env: dict[str, str],
+        concurrency: int = 2,
+        beat: bool = False,
+        queues: str | None = None,
+        name: str | None = None,
+    ):
+        """One worker process; ``queues`` (comma-separated) limits what it consumes (default:
+        every queue the settings declare)."""
+        tag = name.partition("@")[0] if name else "worker"
+        self.log = Path(env["MANTA_VAR_DIR"]) / f"{tag}.log"
         args = [
             sys.executable,
             "-m",
@@ -65,6 +75,10 @@ class CeleryWorker:
             "--concurrency",
             str(concurrency),
         ]
+        if queues:
+            args += ["-Q", queues]
+        if name:
+            args += ["-n", name]
         if beat:
             args += ["-B", "-s", str(Path(env["MANTA_VAR_DIR"]) / "beat")]
         self.proc = subprocess.Popen(
@@ -87,6 +101,28 @@ class CeleryWorker:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+class CeleryWorkers:
+    """The deployment's pair, as ``make worker`` starts it: one worker for the job lifecycle
+    (the default queue) and one for webhook delivery, so a slow receiver's backlog never holds
+    a launch (docs/architecture.md, "Dispatch")."""
+
+    def __init__(self, env: dict[str, str], concurrency: int = 2, beat: bool = False):
+        self.jobs = CeleryWorker(
+            env, concurrency, beat=beat, queues="celery", name=f"jobs-{os.getpid()}@%h"
+        )
+        try:
+            self.webhooks = CeleryWorker(
+                env, concurrency, queues="webhooks", name=f"webhooks-{os.getpid()}@%h"
+            )
+        except BaseException:
+            self.jobs.stop()
+            raise
+
+    def stop(self) -> None:
+        self.webhooks.stop()
+        self.jobs.stop()
 
 
 def stop_clusters(ray_dir: str) -> None:

@@ -279,6 +279,18 @@ CELERY_BROKER_CONNECTION_RETRY = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_BROKER_CHANNEL_ERROR_RETRY = True
 CELERY_TASK_IGNORE_RESULT = True
+# Two queues: the default one (``celery``) carries the job lifecycle (admission, launch, follow,
+# cancel, sweeps), ``webhooks`` carries what talks to the tenants' receivers and mail servers
+# (the outbox dispatcher, deliveries, emails: every ``manta.notifications.*`` task). Tasks are
+# routed by name when they are sent, so no app imports another to pick a queue. A worker started
+# without ``-Q`` consumes both (the demo, a single-process deployment); ``make worker`` and
+# docker-compose run one worker per queue, so a backlog of slow deliveries, which can keep every
+# process of a worker busy for minutes, never holds a launch (docs/architecture.md, "Dispatch").
+JOBS_QUEUE = "celery"
+WEBHOOKS_QUEUE = "webhooks"
+CELERY_TASK_DEFAULT_QUEUE = JOBS_QUEUE
+CELERY_TASK_QUEUES = {JOBS_QUEUE: {}, WEBHOOKS_QUEUE: {}}
+CELERY_TASK_ROUTES = {"manta.notifications.*": {"queue": WEBHOOKS_QUEUE}}
 # Celery's Django fix-up closes every database connection before and after every task, which
 # makes CONN_MAX_AGE moot in a worker (a new connection per task). Past this many tasks it
 # closes them; until then config/celery.py closes them as Django does after a request: when

@@ -11,8 +11,7 @@ the move. Where the organisation allows it, a pass also preempts borrowers for w
 their guarantee (``jobs/preemption.py``); a preemptor whose victims have a grace period waits
 for them to leave, with the room promised to it.
 
-At submission, :func:`check_submission` refuses a job that could never run, or that the
-workspace's queue or GPU budget has no room for.
+What refuses a job at submission is ``jobs/submission.py``.
 """
 
 from __future__ import annotations
@@ -28,19 +27,18 @@ from django.db.models import F, IntegerField, Q
 from django.db.models.fields.json import KT, KeyTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
-from rest_framework import status
 
-from config.errors import Conflict, DomainError, InvalidInput
 from quotas import selectors as quota_selectors
 from quotas import services as quota_services
-from quotas.ledger import Ledger, budget_overrun, month_start
+from quotas.ledger import Ledger, month_start
 from quotas.models import RESOURCES, AdmissionRequests, QueuePolicy
 from workspaces.models import Organization
 
+from . import dispatch
 from .accounting import gpu_hours
 from .attempts import attempts_create, attempts_preempt
 from .fair_tree import plan_fair_tree
-from .gpu_pools import check_flavors, gpu_pools
+from .gpu_pools import gpu_pools
 from .local_host import HOST, workspaces_on_host
 from .local_host import capacity as host_capacity
 from .models import Job, JobState
@@ -50,6 +48,9 @@ from .preemption import plan_preemptions, promised_jobs
 ADVISORY_NAMESPACE = 0x6D61  # "ma": keeps our lock ids apart from other users of pg locks
 HOST_LOCK = -1  # passes that may place jobs on the shared local host take it after their org's
 QUEUE_CHUNK = 500  # queued rows fetched at a time: a pass reads only as far as it admits
+# A request's own pass (admit_inline) runs only over an organisation queue this short: its cost
+# stays that of a few jobs, whatever the policy (bench/dispatch.py, bench/submit.py).
+INLINE_QUEUE_MAX = 16
 MAX_BLOCKED_SCAN = 1000  # round_robin/balanced/intelligent: stop after this many misses in a row
 # intelligent: jobs of this priority and above keep strict order (PAI-DLC's "intelligent").
 STRICT_PRIORITY = 7
@@ -286,6 +287,18 @@ def admit(organization_id: int, *, first: Iterable[int] = ()) -> list[int]:
         return _admit_locked(organization_id, first=first)
 
 
+def _request_pass(organization_id: int) -> None:
+    """Record (committed at once) that a pass is wanted for the organisation."""
+    table = AdmissionRequests._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (organization_id, requested, served) "
+            "VALUES (%s, 1, 0) ON CONFLICT (organization_id) "
+            f"DO UPDATE SET requested = {table}.requested + 1",
+            [organization_id],
+        )
+
+
 def admit_single_flight(organization_id: int) -> list[int]:
     """What a trigger runs: at most one pass per organisation at a time, and none lost.
 
@@ -298,14 +311,7 @@ def admit_single_flight(organization_id: int) -> list[int]:
     if connection.vendor != "postgresql":
         return admit(organization_id)
     requests = AdmissionRequests.objects.filter(organization_id=organization_id)
-    table = AdmissionRequests._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (organization_id, requested, served) "
-            "VALUES (%s, 1, 0) ON CONFLICT (organization_id) "
-            f"DO UPDATE SET requested = {table}.requested + 1",
-            [organization_id],
-        )
+    _request_pass(organization_id)
     admitted: list[int] = []
     while True:
         with transaction.atomic():
@@ -318,10 +324,69 @@ def admit_single_flight(organization_id: int) -> list[int]:
             return admitted
 
 
-def _admit_locked(organization_id: int, *, first: Iterable[int] = ()) -> list[int]:
+class _HostBusy(Exception):
+    """The shared host's admission lock is held: an inline pass does not wait for it."""
+
+
+def admit_inline(organization_id: int) -> list[int]:
+    """The one-hop trigger: what a request that just queued a job runs after its commit (on
+    PostgreSQL), instead of sending the admit task, so the job's launch task is the only hop.
+
+    It is the single-flight pass (same request counter, same lock, same plan), kept small for a
+    request: it never waits (a pass in progress serves its request, as for any trigger), runs
+    one round at most, and only when the organisation has at most :data:`INLINE_QUEUE_MAX`
+    queued jobs and the shared host's lock is free. Whatever it leaves (a longer queue, a busy
+    host, requests that came during its round) it hands to the admit task. Returns the
+    admitted job ids."""
+    if connection.vendor != "postgresql":  # SQLite: the worker's pass, as before
+        dispatch.admit()
+        return []
+    # A long queue is the worker's, before anything is asked: counted only as far as the bound.
+    # (Counted outside the lock, so only a bound on the cost: the pass decides what is admitted.)
+    queued = Job.objects.filter(organization_id=organization_id, state=JobState.QUEUED)
+    if queued[: INLINE_QUEUE_MAX + 1].count() > INLINE_QUEUE_MAX:
+        dispatch.admit()
+        return []
+    requests = AdmissionRequests.objects.filter(organization_id=organization_id)
+    _request_pass(organization_id)
+    admitted: list[int] | None = None
+    try:
+        with transaction.atomic():
+            requested = _try_lock_reading_requests(organization_id)
+            if requested is None:
+                return []  # the pass holding the lock serves this request
+            admitted = _admit_locked(organization_id, wait_for_host=False)
+            requests.update(served=requested)
+    except _HostBusy:
+        pass  # rolled back, nothing served: the task's pass waits for the host
+    if admitted is None or requests.filter(requested__gt=F("served")).exists():
+        dispatch.admit()
+    return admitted or []
+
+
+def _try_lock_reading_requests(organization_id: int) -> int | None:
+    """Try the organisation's lock and read its request counter, in one statement; None when
+    a pass holds the lock. The counter is read in the statement's snapshot, taken just before
+    the lock: a request that snapshot misses is not marked served, so the pass goes round again
+    for it (never one lost)."""
+    table = AdmissionRequests._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT pg_try_advisory_xact_lock(%s, %s), "
+            f"(SELECT requested FROM {table} WHERE organization_id = %s)",
+            [ADVISORY_NAMESPACE, organization_id, organization_id],
+        )
+        locked, requested = cursor.fetchone()
+    return requested if locked else None
+
+
+def _admit_locked(
+    organization_id: int, *, first: Iterable[int] = (), wait_for_host: bool = True
+) -> list[int]:
     on_host = workspaces_on_host(organization_id)
-    if on_host:
-        _lock(HOST_LOCK)  # the local host is shared by every organisation: one pass reserves
+    # The local host is shared by every organisation: one pass at a time reserves on it.
+    if on_host and not _lock(HOST_LOCK, wait=wait_for_host):
+        raise _HostBusy
     ledger = ledger_for(organization_id, on_host)
     quota = ledger.org_quota
     policy = quota.policy if quota else QueuePolicy.FIFO
@@ -460,62 +525,3 @@ def _group_factors(ledger: Ledger, group_id: int, now: dt.datetime) -> dict[str,
         "weight": group.fair_share_weight,
         "fair_share_key": _finite(ledger.group_key(group_id, now)),
     }
-
-
-# --- at submission -------------------------------------------------------------------------
-
-
-class BudgetExhausted(Conflict):
-    type = "budget_exhausted"
-
-
-class QueueFull(DomainError):
-    type = "queue_full"
-    status_code = status.HTTP_429_TOO_MANY_REQUESTS
-
-
-def check_submission(
-    workspace,
-    requested: dict[str, float],
-    spec: dict[str, Any],
-    host_capacity: dict[str, float | None] | None = None,
-) -> None:
-    """Refuse a job that can never run here (over its workspace's limit, a limit of a quota
-    group above it, its organisation's capacity, or the capacity of the host it launches on),
-    one the workspace's queue has no room for, or one over the GPU budget when the workspace
-    refuses those (otherwise it waits for next month)."""
-    org_q = quota_selectors.org_quota(workspace.organization)  # unlimited when unset
-    ws_q = quota_selectors.workspace_quota(workspace)
-    above = quota_selectors.groups_above(ws_q)
-    for name in RESOURCES:
-        need = requested[name]
-        ceilings = (
-            (ws_q.limit()[name], "the workspace limit is"),
-            *((g.limit()[name], f"quota group '{g.name}''s limit is") for g in above),
-            (org_q.capacity()[name], "the organisation's capacity is"),
-            ((host_capacity or {}).get(name), "the host its workspace launches on has"),
-        )
-        for ceiling, what in ceilings:
-            if ceiling is not None and need > ceiling:
-                raise InvalidInput.on(
-                    f"requested.{name}",
-                    f"this job needs {need:g} {name}; {what} {ceiling:g}, so it could never run",
-                )
-    if requested["gpu"]:
-        check_flavors(workspace, requested, spec, org_q, ws_q, on_host=host_capacity is not None)
-    if ws_q.gpu_hours_per_month is not None and requested["gpu"]:
-        used = gpu_hours(workspace, month_start(timezone.now()))
-        over = budget_overrun(ws_q, used, requested["gpu"], spec["max_runtime_seconds"])
-        if over and ws_q.budget_action == "refuse":
-            raise BudgetExhausted(over, errors={"requested.gpu": [over]})
-    if ws_q.max_queued_jobs is not None:
-        # Counted only as far as the limit: a submission costs the same however long the queue.
-        waiting = Job.objects.filter(
-            workspace=workspace, state__in=[JobState.PENDING_APPROVAL, JobState.QUEUED]
-        )[: ws_q.max_queued_jobs].count()
-        if waiting >= ws_q.max_queued_jobs:
-            raise QueueFull(
-                f"the workspace already has {waiting} waiting jobs (max_queued_jobs "
-                f"{ws_q.max_queued_jobs}); try again when some have started",
-                errors={"max_queued_jobs": [str(ws_q.max_queued_jobs)]},
-            )

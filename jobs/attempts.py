@@ -56,6 +56,10 @@ def attempts_create(
         JobAttempt.objects.filter(job__in=jobs).values_list("job").annotate(n=Count("id"))
     )
     numbers = {job.pk: previous.get(job.pk, 0) + 1 for job in jobs}
+    ids: list[str] = []
+    # Registered before the transition's own hooks (the outbox dispatcher's wake-up), so the
+    # launch tasks are the first thing sent when the admission commits.
+    transaction.on_commit(lambda: dispatch.launch_attempts(ids), robust=True)
     locked = transition(
         jobs,
         JobState.LAUNCHING,
@@ -76,8 +80,7 @@ def attempts_create(
             for job in locked
         ),
     )
-    ids = [str(attempt.pk) for attempt in attempts]
-    transaction.on_commit(lambda: dispatch.launch_attempts(ids), robust=True)
+    ids += [str(attempt.pk) for attempt in attempts]
     return attempts
 
 

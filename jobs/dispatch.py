@@ -12,7 +12,8 @@ turn a committed change into an error, and the sweep finds whatever was not sent
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 
 from django.db import transaction
 
@@ -29,6 +30,8 @@ EVICT = "manta.jobs.evict_attempt"
 PREEMPT = "manta.jobs.preempt_attempt"
 POOL_FILL = "manta.jobs.pool_fill"
 POOL_STOP = "manta.jobs.pool_stop"
+
+logger = logging.getLogger(__name__)
 
 FAN_OUT_ABOVE = 8  # launches sent by one task instead of from the admission's commit
 
@@ -81,11 +84,33 @@ def job_cancelled(job_id: int) -> None:
     send_each(CANCEL, [(str(pk),) for pk in attempts.values_list("pk", flat=True)])
 
 
-def after_transition(job_id: int, state: str) -> None:
+def after_transition(
+    job_id: int,
+    state: str,
+    *,
+    organization_id: int | None = None,
+    admit_here: Callable[[int], object] | None = None,
+) -> None:
     """What a job's move into ``state`` starts once it commits: a job that joins the queue, or
     one that ends and frees what it held, starts an admission pass; a cancelled job's attempt is
-    stopped."""
+    stopped.
+
+    The pass is the admit task, unless the caller runs it here: ``admit_here`` (a request that
+    queued a job passes ``admission.admit_inline``, so its launch task is the only hop) is
+    called with the job's organisation after the commit, and should it fail, the task is sent
+    after all."""
     if state == JobState.QUEUED or state in TERMINAL_STATES:
-        transaction.on_commit(admit, robust=True)
+        if admit_here is not None and organization_id is not None:
+            transaction.on_commit(lambda: _admit_here(admit_here, organization_id), robust=True)
+        else:
+            transaction.on_commit(admit, robust=True)
     if state == JobState.CANCELLED:
         transaction.on_commit(lambda: job_cancelled(job_id), robust=True)
+
+
+def _admit_here(run: Callable[[int], object], organization_id: int) -> None:
+    try:
+        run(organization_id)
+    except Exception:  # a committed change never fails for it: the admit task takes over
+        logger.exception("admission in this process failed; sending the admit task")
+        admit()

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Exists, Q
 
 from config.gpu_flavors import UNTYPED
 from workspaces.models import ComputeTarget, ComputeTargetKind, Workspace
@@ -150,17 +151,17 @@ def sandbox_footprint(spec: dict[str, Any], config: dict[str, Any]) -> dict[str,
 
 
 def workspaces_on_host(organization_id: int) -> set[int]:
-    """The organisation's workspaces whose jobs launch on this host."""
-    named = dict(
-        ComputeTarget.objects.filter(organization_id=organization_id).values_list("name", "kind")
-    )
-    local_names = {n for n, kind in named.items() if kind == ComputeTargetKind.LOCAL}
-    if ComputeTargetKind.LOCAL not in named:
-        local_names.add(ComputeTargetKind.LOCAL)  # the built-in target
+    """The organisation's workspaces whose jobs launch on this host (one query: every
+    admission pass asks)."""
+    targets = ComputeTarget.objects.filter(organization_id=organization_id)
+    local = ComputeTargetKind.LOCAL
+    on_a_local_target = Q(compute_target__in=targets.filter(kind=local).values("name"))
+    # the built-in target, unless the organisation named one of its own after it
+    on_the_built_in = Q(compute_target=local) & ~Exists(targets.filter(name=local))
     return set(
-        Workspace.objects.filter(
-            organization_id=organization_id, compute_target__in=local_names
-        ).values_list("pk", flat=True)
+        Workspace.objects.filter(organization_id=organization_id)
+        .filter(on_a_local_target | on_the_built_in)
+        .values_list("pk", flat=True)
     )
 
 

@@ -20,12 +20,13 @@ from workspaces.archive import require_active
 from workspaces.models import ApprovalPolicy, ComputeTargetKind, Workspace
 
 from . import spec as job_spec
-from .admission import check_submission
+from .admission import admit_inline
 from .local_host import capacity as host_capacity
 from .local_host import compute_target_of, local_target_config, sandbox_footprint
 from .models import Job, JobState, JobTemplate, JobTemplateVersion
 from .selectors import LATEST_JOIN
 from .state import record_event, run_state_hooks, transition
+from .submission import check_submission
 
 
 class SelfApprovalForbidden(Forbidden):
@@ -356,6 +357,9 @@ def job_submit(
     )
     job.save(force_insert=True)  # its workspace, organisation and submitter are at hand: no re-read
     version, reason = job.template_version, job.approval_reason
+    # A job queued at once: admitted in this process once this commits (one hop to its launch
+    # task), before the outbox's wake-up of the dispatcher that record_event registers.
+    run_state_hooks(job, admit_here=admit_inline)
     record_event(
         job,
         from_state="",
@@ -368,7 +372,6 @@ def job_submit(
         audit_action="job.submit",
         changes={"state": [None, job.state]},
     )
-    run_state_hooks(job)
     return job
 
 
@@ -394,6 +397,7 @@ def job_approve(*, actor: Actor, job: Job, reason: str = "") -> Job:
         reason=reason,
         audit_action="job.approve",
         expect_from=frozenset({JobState.PENDING_APPROVAL}),
+        admit_here=admit_inline,  # admitted in this process: one hop to its launch task
     )
 
 

@@ -241,6 +241,7 @@ def transition(
     audit_action: str | None = None,
     expect_from: frozenset[str] | None = None,
     mutate: Callable[[Job], None] | None = None,
+    admit_here: Callable[[int], object] | None = None,
 ) -> Job | list[Job]:
     """Move one job (given by id; returns it, whole) or many (returns them, with
     :data:`BULK_FIELDS` loaded) to ``to_state``, or raise :class:`InvalidTransition` and move
@@ -298,6 +299,10 @@ def transition(
     if leaving and to_state not in ACTIVE_STATES:
         quota_services.reservations_release(leaving)
     merged = {job.pk: {**(data or {}), **(data_by_job or {}).get(job.pk, {})} for job in locked}
+    # What the moves start (an admission pass, a launch) is registered before the outbox's wake-up
+    # of the dispatcher, so it is the first thing run or sent once this commits.
+    for job in locked:
+        run_state_hooks(job, admit_here=admit_here)
     _record(
         locked,
         from_states=from_states,
@@ -312,11 +317,13 @@ def transition(
         lambda: metrics_events.jobs_moved(locked, data_by_job=merged, now=now, **counted),
         robust=True,
     )
-    for job in locked:
-        run_state_hooks(job)
     return locked[0] if one else locked
 
 
-def run_state_hooks(job: Job) -> None:
-    """Schedule what the job's new state starts after commit (``jobs/dispatch.py``)."""
-    dispatch.after_transition(job.pk, job.state)
+def run_state_hooks(job: Job, *, admit_here: Callable[[int], object] | None = None) -> None:
+    """Schedule what the job's new state starts after commit (``jobs/dispatch.py``); an
+    admission pass it asks for runs through ``admit_here`` when given, else as the admit
+    task."""
+    dispatch.after_transition(
+        job.pk, job.state, organization_id=job.organization_id, admit_here=admit_here
+    )

@@ -38,41 +38,67 @@ def cluster_processes(work_dir: str) -> list[int]:
 
 
 class Worker:
-    def __init__(self, env: dict[str, str], log_path: Path):
-        self.env, self.log_path, self.proc = env, log_path, None
+    """The deployment's workers, as ``make worker`` starts them: one for the job lifecycle's
+    queue (with the beat) and one for the ``webhooks`` queue, each in a session of its own,
+    logging to one file. Each serves its own metrics: the webhooks worker on the
+    ``MANTA_WORKER_METRICS_PORT`` of ``webhooks_env``, or none."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, webhooks_env: dict[str, str]):
+        self.env, self.log_path, self.proc, self.webhooks = env, log_path, None, None
+        self.webhooks_env = {
+            **{k: v for k, v in env.items() if k != "MANTA_WORKER_METRICS_PORT"},
+            **webhooks_env,
+        }
 
     def start(self) -> None:
         log = open(self.log_path, "a")  # noqa: SIM115  (kept for the process's lifetime)
+        tag, self.webhooks = time.monotonic_ns(), None
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "config", "worker", "-B", "-l", "info",
-             "--concurrency", "4", "-n", f"e2e-{time.monotonic_ns()}@%h",
+             "-Q", "celery", "--concurrency", "4", "-n", f"e2e-{tag}@%h",
              "-s", str(Path(self.env["MANTA_VAR_DIR"]) / "beat-schedule")],
             cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
+        try:
+            self.webhooks = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "info",
+                 "-Q", "webhooks", "--concurrency", "2", "-n", f"e2e-webhooks-{tag}@%h"],
+                cwd=ROOT, env=self.webhooks_env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+            self._wait_ready()
+        except BaseException:
+            self.stop()  # neither is left behind, to take the next test's tasks
+            raise
+
+    def _wait_ready(self) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if "ready." in self.log_path.read_text(errors="replace"):
+            if self.log_path.read_text(errors="replace").count(" ready.") >= 2:
                 return
-            if self.proc.poll() is not None:
+            if self.proc.poll() is not None or self.webhooks.poll() is not None:
                 break
             time.sleep(0.2)
         raise RuntimeError(f"celery worker did not start:\n{self.log_path.read_text()[-3000:]}")
 
     def kill(self) -> None:
         """SIGKILL the whole worker (main process, pool, beat), as if its host process died."""
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        for proc in (self.proc, self.webhooks):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         # forget the "ready." of the dead worker
         self.log_path.write_text("")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+        running = [proc for proc in (self.proc, self.webhooks) if proc and proc.poll() is None]
+        for proc in running:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in running:
             try:
-                self.proc.wait(timeout=30)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +110,16 @@ def ray_work_dir():
 
 
 def start_worker(
-    tmp_path_factory, name: str, *, broker: str | None = None, **extra_env: str
+    tmp_path_factory,
+    name: str,
+    *,
+    broker: str | None = None,
+    webhooks_env: dict[str, str] | None = None,
+    **extra_env: str,
 ) -> Worker:
     """A real worker (with beat) on the test database and the broker this process sends to (or
-    ``broker``), its Redis database emptied first; ``extra_env`` sets its Manta settings."""
+    ``broker``), its Redis database emptied first; ``extra_env`` sets its Manta settings (and
+    ``webhooks_env`` more, for the webhooks worker alone)."""
     var = tmp_path_factory.mktemp(name)
     broker = broker or settings.CELERY_BROKER_URL
     redis.Redis.from_url(broker).flushdb()
@@ -110,7 +142,7 @@ def start_worker(
         "MANTA_LOCAL_CAPACITY": "cpu=64,memory_gb=256,disk_gb=4096",
         **extra_env,
     }
-    proc = Worker(env, var / "worker.log")
+    proc = Worker(env, var / "worker.log", webhooks_env or {})
     proc.start()
     return proc
 
@@ -126,12 +158,18 @@ FAST_RECOVERY = {
 }
 
 
-def start_launch_worker(tmp_path_factory, ray_work_dir: str, **extra_env: str) -> Worker:
+def start_launch_worker(
+    tmp_path_factory,
+    ray_work_dir: str,
+    webhooks_env: dict[str, str] | None = None,
+    **extra_env: str,
+) -> Worker:
     """A worker that launches local clusters under ``ray_work_dir``, with short intervals so
     lost work is found again within seconds."""
     return start_worker(
         tmp_path_factory,
         "worker-var",
+        webhooks_env=webhooks_env,
         MANTA_LOCAL_RAY_DIR=ray_work_dir,
         **{**FAST_RECOVERY, **extra_env},
     )

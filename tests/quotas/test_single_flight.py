@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import connection
 
 from jobs import admission
+from jobs.models import Job
 from quotas.models import AdmissionRequests, OrgQuota
 from tests.conftest import build_world
 from tests.jobs.conftest import counter_spec
@@ -34,28 +35,38 @@ def plain_connection():
     )
 
 
+def hold_the_lock(holder, world) -> None:
+    holder.execute(
+        "SELECT pg_advisory_xact_lock(%s, %s)", [admission.ADVISORY_NAMESPACE, world.org.pk]
+    )
+
+
 def test_a_trigger_returns_at_once_while_a_pass_holds_the_lock():
     world = build_world()
     OrgQuota.objects.create(organization=world.org, gpu=4)
-    job = queue_job(world, world.ws, template_for(world), 1, minutes_ago=1)
+    template = template_for(world)
     with plain_connection() as holder:
-        holder.execute(
-            "SELECT pg_advisory_xact_lock(%s, %s)", [admission.ADVISORY_NAMESPACE, world.org.pk]
-        )
+        hold_the_lock(holder, world)
+        # the submission's own one-hop trigger finds the pass running: it only asks
+        job = queue_job(world, world.ws, template, 1, minutes_ago=1)
         assert admission.admit_single_flight(world.org.pk) == []  # did not wait
+        assert admission.admit_inline(world.org.pk) == []  # nor does the one-hop trigger
         requests = AdmissionRequests.objects.get(organization=world.org)
-        assert (requests.requested, requests.served) == (1, 0)
+        assert (requests.requested, requests.served) == (3, 0)
         holder.rollback()
     assert admission.admit_single_flight(world.org.pk) == [job]
     requests.refresh_from_db()
-    assert (requests.requested, requests.served) == (2, 2)
+    assert (requests.requested, requests.served) == (4, 4)
 
 
 def test_the_running_pass_serves_a_request_made_during_it(monkeypatch):
     world = build_world()
     OrgQuota.objects.create(organization=world.org, gpu=4)
     template = template_for(world)
-    first = queue_job(world, world.ws, template, 1, minutes_ago=2)
+    with plain_connection() as holder:  # queued, not admitted by its own one-hop trigger
+        hold_the_lock(holder, world)
+        first = queue_job(world, world.ws, template, 1, minutes_ago=2)
+        holder.rollback()
     inside, release = threading.Event(), threading.Event()
     real_plan = admission.plan
     results, rounds = {}, []
@@ -80,8 +91,9 @@ def test_the_running_pass_serves_a_request_made_during_it(monkeypatch):
     thread = threading.Thread(target=run_pass, name="pass")
     thread.start()
     assert inside.wait(30)
-    # a job queued (and a trigger fired) while the pass is in its plan
+    # a job queued (its one-hop trigger fired, and another) while the pass is in its plan
     second = queue_job(world, world.ws, template, 1, minutes_ago=1)
+    assert Job.objects.get(pk=second).state == "queued"
     assert admission.admit_single_flight(world.org.pk) == []
     release.set()
     thread.join(30)
@@ -89,4 +101,4 @@ def test_the_running_pass_serves_a_request_made_during_it(monkeypatch):
     assert rounds == [[first], [second]]
     assert results["pass"] == [first, second]
     requests = AdmissionRequests.objects.get(organization=world.org)
-    assert requests.requested == requests.served == 2
+    assert requests.requested == requests.served == 4
