@@ -399,6 +399,11 @@ CACHES = {"default": {"KEY_PREFIX": "manta", **_cache}}
 MANTA_INTELLIGENT_AGING_MINUTES = _number(
     "MANTA_INTELLIGENT_AGING_MINUTES", 60.0, low=0, high=525_600
 )
+# A request that queues a job runs the admission pass itself after its commit (one hop to the
+# launch) while its organisation has at most this many queued jobs; 0: always the admit task.
+MANTA_INLINE_ADMISSION_MAX_QUEUED = _number(
+    "MANTA_INLINE_ADMISSION_MAX_QUEUED", 16, low=0, high=10_000, kind=int
+)
 MANTA_FAIR_SHARE_HALF_LIFE_HOURS = _number(
     "MANTA_FAIR_SHARE_HALF_LIFE_HOURS", 24.0, low=0.01, high=87_600
 )

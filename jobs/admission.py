@@ -48,9 +48,6 @@ from .preemption import plan_preemptions, promised_jobs
 ADVISORY_NAMESPACE = 0x6D61  # "ma": keeps our lock ids apart from other users of pg locks
 HOST_LOCK = -1  # passes that may place jobs on the shared local host take it after their org's
 QUEUE_CHUNK = 500  # queued rows fetched at a time: a pass reads only as far as it admits
-# A request's own pass (admit_inline) runs only over an organisation queue this short: its cost
-# stays that of a few jobs, whatever the policy (bench/dispatch.py, bench/submit.py).
-INLINE_QUEUE_MAX = 16
 MAX_BLOCKED_SCAN = 1000  # round_robin/balanced/intelligent: stop after this many misses in a row
 # intelligent: jobs of this priority and above keep strict order (PAI-DLC's "intelligent").
 STRICT_PRIORITY = 7
@@ -334,17 +331,19 @@ def admit_inline(organization_id: int) -> list[int]:
 
     It is the single-flight pass (same request counter, same lock, same plan), kept small for a
     request: it never waits (a pass in progress serves its request, as for any trigger), runs
-    one round at most, and only when the organisation has at most :data:`INLINE_QUEUE_MAX`
-    queued jobs and the shared host's lock is free. Whatever it leaves (a longer queue, a busy
-    host, requests that came during its round) it hands to the admit task. Returns the
-    admitted job ids."""
+    one round at most, and only when the organisation has at most
+    ``MANTA_INLINE_ADMISSION_MAX_QUEUED`` queued jobs (its cost stays that of a few jobs,
+    whatever the policy) and the shared host's lock is free. Whatever it leaves (a longer
+    queue, a busy host, requests that came during its round) it hands to the admit task.
+    Returns the admitted job ids."""
     if connection.vendor != "postgresql":  # SQLite: the worker's pass, as before
         dispatch.admit()
         return []
     # A long queue is the worker's, before anything is asked: counted only as far as the bound.
     # (Counted outside the lock, so only a bound on the cost: the pass decides what is admitted.)
+    bound = settings.MANTA_INLINE_ADMISSION_MAX_QUEUED
     queued = Job.objects.filter(organization_id=organization_id, state=JobState.QUEUED)
-    if queued[: INLINE_QUEUE_MAX + 1].count() > INLINE_QUEUE_MAX:
+    if bound == 0 or queued[: bound + 1].count() > bound:
         dispatch.admit()
         return []
     requests = AdmissionRequests.objects.filter(organization_id=organization_id)

@@ -31,7 +31,10 @@ CLI_OVERRIDES = ["entrypoint", "image", "runtime_env", "worker_groups", "priorit
 
 
 @pytest.fixture
-def live_world(transactional_db) -> World:
+def live_world(transactional_db, settings) -> World:
+    # These tests move jobs through their states by hand: a submission leaves its job queued,
+    # as with no worker, instead of admitting it in its own request.
+    settings.MANTA_INLINE_ADMISSION_MAX_QUEUED = 0
     return build_world()
 
 

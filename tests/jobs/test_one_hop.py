@@ -138,7 +138,7 @@ def test_the_one_hop_pass_keeps_the_policys_order(sent, policy, admitted):
     assert held["cpu"] == (3 if admitted else 2)
 
 
-def test_a_long_queue_is_left_to_the_admit_task(sent, monkeypatch):
+def test_a_long_queue_is_left_to_the_admit_task(sent, settings):
     world = build_world()
     OrgQuota.objects.create(organization=world.org, cpu=100)
     template = one_cpu_template(world)
@@ -146,7 +146,7 @@ def test_a_long_queue_is_left_to_the_admit_task(sent, monkeypatch):
         Actor.for_user(world.users["developer"]),
         Actor.for_user(world.users["owner"]),
     )
-    monkeypatch.setattr(admission, "INLINE_QUEUE_MAX", 2)
+    settings.MANTA_INLINE_ADMISSION_MAX_QUEUED = 2
     with plain_connection() as holder:  # a pass is running: these three only ask for one
         hold_the_lock(holder, world)
         queued = [
