@@ -20,9 +20,9 @@ from django.db import connection
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cluster_processes(work_dir: str) -> list[int]:
+def cluster_processes(work_dir: str, *, named: bytes = b"") -> list[int]:
     """Pids of processes whose command line mentions ``work_dir`` (every Ray process started
-    for a cluster there carries its temp dir on its command line)."""
+    for a cluster there carries its temp dir on its command line), and ``named`` too."""
     pids = []
     marker = work_dir.encode()
     for entry in Path("/proc").iterdir():
@@ -32,7 +32,7 @@ def cluster_processes(work_dir: str) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if marker in cmdline:
+        if marker in cmdline and named in cmdline:
             pids.append(int(entry.name))
     return pids
 

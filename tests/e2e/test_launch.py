@@ -441,7 +441,9 @@ def test_launch_killed_then_job_cancelled_leaves_no_orphan(world, e2e, ray_work_
     job_id = submit(world, template)
     wait_for(job_id, {"launching"})
     deadline = time.monotonic() + 60
-    while not cluster_processes(ray_work_dir):  # the head is starting
+    # The head's GCS is up: a node's own daemons, in the cluster's session, not the wrapper
+    # that the launch is still starting them from (which dies with the worker).
+    while not cluster_processes(ray_work_dir, named=b"gcs_server"):
         assert time.monotonic() < deadline, "no node ever started"
         time.sleep(0.1)
     e2e.kill()
