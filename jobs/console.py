@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from quotas.ledger import month_start
 from quotas.models import OrgQuota, Reservation, WorkspaceQuota
+from quotas.selectors import quota_tree
 
 from .models import Job, JobAttempt, JobEvent, JobState
 
@@ -216,8 +217,42 @@ def _gpu_hours_by_workspace(organization_id: int, since: dt.datetime, now: dt.da
     return {ws_id: round(hours, 4) for ws_id, hours in used.items()}
 
 
+def tree_rows(tree: dict[str, Any], capacity: dict[str, float | None]) -> list[dict[str, Any]]:
+    """The quota tree (``quotas.selectors.quota_tree``) below the organisation, depth first, as
+    rows with their depth and a bar per shown resource on the organisation's scale; empty when
+    the organisation has no quota groups (its workspaces' table says it all)."""
+    if not any(child["level"] == "group" for child in tree["children"]):
+        return []
+    rows: list[dict[str, Any]] = []
+
+    def walk(node: dict[str, Any], depth: int) -> None:
+        bars = []
+        for name in SHOWN:
+            guaranteed = node["guaranteed"][name] or 0.0
+            limit, in_use = node["limit"][name], node["usage"][name]
+            scale = capacity[name] or max(guaranteed, limit or 0.0, in_use, 1.0)
+            bars.append(Bar(name, guaranteed, limit, in_use, scale))
+        rows.append(
+            {
+                "level": node["level"],
+                "name": node["name"],
+                "depth": depth,
+                "indent": depth * 1.5,  # em
+                "bars": bars,
+                "running": node["running"],
+            }
+        )
+        for child in node["children"]:
+            walk(child, depth + 1)
+
+    for child in tree["children"]:
+        walk(child, 0)
+    return rows
+
+
 def org_overview(organization, *, now: dt.datetime | None = None) -> dict[str, Any]:
-    """Everything the overview page shows of ``organization`` (nine queries)."""
+    """Everything the overview page shows of ``organization`` (twelve queries: nine of its
+    own and the quota tree's three)."""
     now = now or timezone.now()
     workspaces = list(
         organization.workspaces.filter(archived_at__isnull=True).order_by("slug")
@@ -289,6 +324,7 @@ def org_overview(organization, *, now: dt.datetime | None = None) -> dict[str, A
         "max_running_jobs": org_quota.max_running_jobs if org_quota else None,
         "policy": org_quota.policy if org_quota else "fifo",
         "workspaces": rows_out,
+        "tree": tree_rows(quota_tree(organization), capacity),  # 10-12
         "totals": totals,
         "period": period,
         "charts": history(  # 7, 8, 9

@@ -43,6 +43,7 @@ from tests.factories import (
     JobEventFactory,
     JobFactory,
     OrgQuotaFactory,
+    QuotaGroupFactory,
     ReservationFactory,
     WorkspaceFactory,
     WorkspaceMembershipFactory,
@@ -156,9 +157,12 @@ def console(worker, django_db_blocker, tmp_path_factory):
         research = WorkspaceFactory(organization=world.org, slug="research", name="Research")
         WorkspaceMembershipFactory(workspace=research, user=world.users["developer"])
         OrgQuotaFactory(organization=world.org, cpu=16, memory_gb=64, gpu=2, max_running_jobs=4)
+        division = QuotaGroupFactory(
+            organization=world.org, name="applied-ml", guaranteed_cpu=3, limit_cpu=12
+        )  # a group above ml, whose limits bind nothing ml's own do not
         WorkspaceQuotaFactory(
             workspace=world.ws, guaranteed_cpu=2, limit_cpu=8, limit_memory_gb=32,
-            gpu_hours_per_month=50,
+            gpu_hours_per_month=50, group=division,
         )  # fmt: skip
         WorkspaceQuotaFactory(workspace=research, guaranteed_cpu=1, max_running_jobs=0)
         past_week(world.ws)
@@ -337,6 +341,10 @@ def test_overview_shows_bars_and_charts(console, browser):
     charts = page.locator("#history .manta-chart svg")
     assert charts.count() == 3
     assert page.locator("#history polyline").count() == 3
+    tree = page.locator("#quota-tree")  # the group, then ml under it, then research at the top
+    assert tree.locator("tr").nth(1).get_attribute("data-node") == "group:applied-ml"
+    assert tree.locator("tr[data-node='workspace:ml']").get_attribute("data-depth") == "1"
+    assert tree.locator("tr[data-node='group:applied-ml'] svg.manta-bar").count() == 3
     box = charts.first.bounding_box()
     assert box["width"] > 200 and box["height"] > 30  # drawn, not collapsed
     shoot(page, "console-overview")

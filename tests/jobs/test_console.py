@@ -17,11 +17,13 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from jobs import console
 from jobs.models import Job, JobEvent, JobState
+from quotas.models import WorkspaceQuota
 from tests.factories import (
     JobAttemptFactory,
     JobEventFactory,
     JobFactory,
     OrgQuotaFactory,
+    QuotaGroupFactory,
     ReservationFactory,
     WorkspaceFactory,
     WorkspaceQuotaFactory,
@@ -395,4 +397,36 @@ def test_overview_costs_the_same_queries_whatever_the_number_of_jobs(world):
         JobAttemptFactory(job=job, running_at=timezone.now())
         JobEventFactory(job=job, to_state="queued")
     WorkspaceFactory(organization=world.org, slug="third")
-    assert queries() == few == 9
+    assert queries() == few == 12
+
+
+def test_overview_draws_the_quota_tree_with_what_each_group_holds(world):
+    """Org → division → team → workspace: every group's bar holds what the workspaces under
+    it hold, at any depth, and a group over its guarantee shows as borrowing."""
+    second = quota_world(world)
+    assert console.org_overview(world.org)["tree"] == []  # no groups: the workspaces' table only
+    division = QuotaGroupFactory(
+        organization=world.org, name="research-division", guaranteed_cpu=4, limit_cpu=24
+    )
+    team = QuotaGroupFactory(
+        organization=world.org, name="vision", parent=division, guaranteed_cpu=2, limit_cpu=12
+    )
+    WorkspaceQuota.objects.filter(workspace=world.ws).update(group=team)
+    WorkspaceQuotaFactory(workspace=second, group=division)
+    rows = console.org_overview(world.org)["tree"]
+    assert [(r["level"], r["name"], r["depth"]) for r in rows] == [
+        ("group", "research-division", 0),
+        ("group", "vision", 1),
+        ("workspace", "ml", 2),
+        ("workspace", "research", 1),
+    ]
+    cpu = {r["name"]: {b.resource: b for b in r["bars"]}["cpu"] for r in rows}
+    # ml holds 2 + 4 CPUs (its two running jobs); the team and the division hold it too.
+    names = ("research-division", "vision", "ml", "research")
+    assert [cpu[name].in_use for name in names] == [6, 6, 6, 0]
+    assert (cpu["vision"].guaranteed, cpu["vision"].limit, cpu["vision"].scale) == (2, 12, 32)
+    assert cpu["vision"].borrowing and not cpu["research"].borrowing
+    assert rows[0]["running"] == 2
+    page = admin_client(world).get(overview(world.org)).content.decode()
+    assert 'data-node="group:vision" data-depth="1"' in page
+    assert 'padding-left: 3.0em">ml' in page  # the workspace under the team, two levels down
