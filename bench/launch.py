@@ -171,9 +171,17 @@ def through_manta(setup) -> dict[str, float]:
     attempt = JobAttempt.objects.get(job=job)
     while Job.objects.values_list("state", flat=True).get(pk=job.pk) == "running":
         time.sleep(0.2)  # let it finish and tear down before the next run
+    def between(start, end) -> float:
+        return (end - start).total_seconds() if start and end else float("nan")
+
     return {
         "total": total,
-        "cluster": (attempt.cluster_ready_at - attempt.created_at).total_seconds(),
+        "cluster": between(attempt.created_at, attempt.cluster_ready_at),
+        # Where the time went: to the launch task, starting the nodes, submitting, Ray's driver.
+        "dispatch": between(attempt.created_at, attempt.launch_started_at),
+        "nodes": between(attempt.launch_started_at, attempt.cluster_ready_at),
+        "submit": between(attempt.cluster_ready_at, attempt.submitted_at),
+        "driver": between(attempt.submitted_at, attempt.running_at),
     }
 
 
@@ -249,7 +257,9 @@ def main() -> None:
             f"(head {hand[-1]['head']:.2f}, worker {hand[-1]['worker']:.2f}, "
             f"job {hand[-1]['job']:.2f}); "
             + "; ".join(
-                f"Manta {mode} {r[-1]['total']:.2f}s (cluster {r[-1]['cluster']:.2f})"
+                f"Manta {mode} {r[-1]['total']:.2f}s (dispatch {r[-1]['dispatch']:.2f}, "
+                f"nodes {r[-1]['nodes']:.2f}, submit {r[-1]['submit']:.2f}, "
+                f"driver {r[-1]['driver']:.2f})"
                 for mode, r in manta.items()
             )
         )

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from jobs.launchers.local import LocalRayLauncher
 from jobs.launchers.local.cgroups import Cgroups
 from jobs.launchers.local.isolation import SandboxSettings
 from jobs.launchers.local.leases import Leases, take_gpus
+from jobs.launchers.local.startup import listening_in
 from tests.launchers.test_local_launcher import spec
 
 SPIN = (
@@ -207,11 +210,60 @@ def test_cgroup_v2_layout(tmp_path) -> None:
     assert (group / "memory.max").read_text() == str(3 * 1024**3)
     assert (group / "memory.oom.group").read_text() == "1"
     assert (group / "pids.max").read_text() == "2048"
+    # While the cluster starts, its nodes share its CPU (1 + 2.5); once up, each has its own.
+    assert (group / "cpu.max").read_text() == "350000 100000"
+    assert (group / "node-w0" / "cpu.max").read_text() == "max 100000"
+    cgroups.settle_cpu()
     assert (group / "node-w0" / "cpu.max").read_text() == "250000 100000"
+    assert (group / "node-h" / "cpu.max").read_text() == "100000 100000"
+    assert (group / "cpu.max").read_text() == "350000 100000"
     assert cgroups.init_procs() == [str(group / "init" / "cgroup.procs")]
     assert cgroups.node_procs("h") == [str(group / "node-h" / "cgroup.procs")]
     (group / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     assert cgroups.oom_kills() == 1
+
+
+def test_cgroup_v1_layout_shares_the_clusters_cpu_until_settled(tmp_path) -> None:
+    """On a v1 host (this one): the cluster's cpu group is capped at the sum of its nodes'
+    quotas; each node's group inherits that cap while the cluster starts, then gets its own.
+    The hierarchies are stood in for by directories (the kernel would refuse a node quota
+    above its cluster's: every node's is at most the sum)."""
+    for controller in ("cpu", "cpuacct", "memory", "pids"):
+        (tmp_path / controller).mkdir()
+    cgroups = Cgroups.create(
+        str(tmp_path), "c1", cpus={"h": 1.0, "w0": 0.5}, memory_bytes=1024**3, pids=512
+    )
+    cluster = tmp_path / "cpu" / "manta" / "c1"
+    assert (cluster / "cpu.cfs_quota_us").read_text() == "150000"
+    assert (cluster / "h" / "cpu.cfs_quota_us").read_text() == "-1"
+    cgroups.settle_cpu()
+    assert (cluster / "h" / "cpu.cfs_quota_us").read_text() == "100000"
+    assert (cluster / "w0" / "cpu.cfs_quota_us").read_text() == "50000"
+    assert (cluster / "cpu.cfs_quota_us").read_text() == "150000"
+    assert (tmp_path / "pids" / "manta" / "c1" / "pids.max").read_text() == "512"
+
+
+def test_a_port_listening_in_another_network_namespace_is_seen_there_only() -> None:
+    """How a sandboxed head's GCS is known to be up: its port in the socket table of the
+    sandbox's network namespace, which the host's own does not show."""
+    listener = (
+        "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 46123)); s.listen(); "
+        "print('up', flush=True); sys.stdin.read()"
+    )
+    process = subprocess.Popen(
+        ["unshare", "--net", sys.executable, "-c", listener],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout.readline() == b"up\n"
+        assert listening_in(process.pid, 46123)
+        assert not listening_in(process.pid, 46124)
+        assert not listening_in(os.getpid(), 46123)
+    finally:
+        process.stdin.close()
+        process.wait(timeout=10)
+    assert not listening_in(process.pid, 46123)  # gone with its process
 
 
 def test_settings_round_trip() -> None:

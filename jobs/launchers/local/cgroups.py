@@ -1,7 +1,14 @@
 """A local cluster's cgroups: one per cluster caps its memory and its number of processes, one
 per node caps that node's CPU. cgroup v2 where the host has it (one hierarchy; processes only in
 leaves), v1 otherwise (a hierarchy per controller). Plain JSON state, so any worker process can
-read a cluster's usage or remove its groups."""
+read a cluster's usage or remove its groups.
+
+CPU is capped twice: the cluster's group at the sum of its nodes' quotas, each node's group at
+its own. While the cluster starts, the nodes' own caps are lifted (:meth:`Cgroups.settle_cpu`
+sets them once every node is up): start-up is Ray's own processes, mostly on the head, and the
+head may then use the CPU its workers reserved but do not use yet. The cluster as a whole never
+uses more than it reserved, and no tenant code runs before the caps are set.
+"""
 
 from __future__ import annotations
 
@@ -56,7 +63,7 @@ class Cgroups:
         cls, root: str, cluster_id: str, *, cpus: dict[str, float], memory_bytes: int, pids: int
     ) -> Cgroups:
         layout = _CgroupLayout.detect(root)
-        state: dict[str, Any] = {"version": layout.version, "dirs": [], "nodes": {}}
+        state: dict[str, Any] = {"version": layout.version, "dirs": [], "nodes": {}, "caps": {}}
         cg = cls(state)
         try:
             if layout.version == 2:
@@ -91,11 +98,17 @@ class Cgroups:
             *common,
             *(os.path.join(d, "cgroup.procs") for d in {cpu, cpuacct}),
         ]
+        _write(os.path.join(cpu, "cpu.cfs_period_us"), CFS_PERIOD_US)
+        _write(os.path.join(cpu, "cpu.cfs_quota_us"), _quota_us(sum(cpus.values())))
         for node, count in cpus.items():
             node_cpu = self._mkdir(os.path.join(cpu, node))
             node_acct = self._mkdir(os.path.join(cpuacct, node)) if cpuacct != cpu else node_cpu
             _write(os.path.join(node_cpu, "cpu.cfs_period_us"), CFS_PERIOD_US)
-            _write(os.path.join(node_cpu, "cpu.cfs_quota_us"), int(count * CFS_PERIOD_US))
+            _write(os.path.join(node_cpu, "cpu.cfs_quota_us"), -1)  # the cluster's, until settled
+            self.state["caps"][node] = [
+                os.path.join(node_cpu, "cpu.cfs_quota_us"),
+                str(_quota_us(count)),
+            ]
             procs = [*common, *(os.path.join(d, "cgroup.procs") for d in {node_cpu, node_acct})]
             self.state["nodes"][node] = {
                 "procs": procs,
@@ -115,16 +128,29 @@ class Cgroups:
         _write(os.path.join(group, "memory.oom.group"), 1)  # one OOM kill ends the cluster
         _write(os.path.join(group, "pids.max"), pids)
         _write(os.path.join(group, "cgroup.subtree_control"), "+cpu +memory +pids")
+        _write(os.path.join(group, "cpu.max"), f"{_quota_us(sum(cpus.values()))} {CFS_PERIOD_US}")
         init = self._mkdir(os.path.join(group, "init"))
         self.state.update(memory=group, pids=group, init_procs=[os.path.join(init, "cgroup.procs")])
         for node, count in cpus.items():
             leaf = self._mkdir(os.path.join(group, f"node-{node}"))
-            _write(os.path.join(leaf, "cpu.max"), f"{int(count * CFS_PERIOD_US)} {CFS_PERIOD_US}")
+            _write(os.path.join(leaf, "cpu.max"), f"max {CFS_PERIOD_US}")  # until settled
+            self.state["caps"][node] = [
+                os.path.join(leaf, "cpu.max"),
+                f"{_quota_us(count)} {CFS_PERIOD_US}",
+            ]
             self.state["nodes"][node] = {
                 "procs": [os.path.join(leaf, "cgroup.procs")],
                 "own": os.path.join(leaf, "cgroup.procs"),
                 "usage": os.path.join(leaf, "cpu.stat"),
             }
+
+    def settle_cpu(self) -> None:
+        """Cap each node at its own CPU quota (until now they shared the cluster's)."""
+        try:
+            for path, value in self.state.get("caps", {}).values():
+                _write(path, value)
+        except OSError as exc:
+            raise LaunchError(f"cannot cap the cluster's nodes' CPU: {exc}") from exc
 
     def init_procs(self) -> list[str]:
         return list(self.state["init_procs"])
@@ -194,6 +220,10 @@ class Cgroups:
                     break
                 except OSError:
                     time.sleep(0.1)  # its last processes are still exiting
+
+
+def _quota_us(cpus: float) -> int:
+    return int(cpus * CFS_PERIOD_US)
 
 
 def _procs(group: str) -> str:

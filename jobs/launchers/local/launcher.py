@@ -359,6 +359,9 @@ class LocalRayLauncher:
                     logger.warning("Not adopting cluster %s: %s", handle["temp_dir"], exc)
                 else:
                     logger.info("Adopting running local Ray cluster %s", handle["temp_dir"])
+                    sandbox = sandbox_of(handle)
+                    if sandbox is not None:  # its starter may have died before capping it
+                        sandbox.cgroups.settle_cpu()
                     return handle
             logger.warning("Stopping incomplete local Ray cluster %s", handle["temp_dir"])
             self.stop(handle)

@@ -142,6 +142,8 @@ def start_cluster_once(
             # Workers only need the GCS; starting them all now overlaps their start-up with
             # the head's dashboard coming up.
         wait_for_nodes(handle, len(nodes), deadline, abandon)
+        if sandbox is not None:
+            sandbox.cgroups.settle_cpu()  # every node up: each to its own quota
     except BaseException:
         teardown(handle)
         raise
@@ -188,7 +190,11 @@ def _wait_for_gcs(handle: dict[str, Any], deadline: float, abandon: Abandon) -> 
         _check_nodes_running(handle)
         abandon.check()
         if handle.get("sandbox"):
-            # The GCS listens in the sandbox's network only: `ray start` says when it is up.
+            # The GCS listens in the sandbox's network only: the kernel's socket table of that
+            # namespace (seen through its init) says when, well before `ray start` says so.
+            init_pid = handle["sandbox"].get("init_pid")
+            if init_pid and listening_in(init_pid, int(port)):
+                return
             if RAY_STARTED in read_end(handle["nodes"][0]["log"]):
                 return
         else:
@@ -203,6 +209,26 @@ def _wait_for_gcs(handle: dict[str, Any], deadline: float, abandon: Abandon) -> 
                 + log_tail(handle["nodes"][0])
             )
         time.sleep(0.2)
+
+
+_TCP_LISTEN = "0A"
+
+
+def listening_in(pid: int, port: int) -> bool:
+    """Whether a TCP socket listens on ``port`` in the network namespace of process ``pid``
+    (``/proc/<pid>/net/tcp``: that namespace's table, whichever process reads it)."""
+    wanted = f":{port:04X}"
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                next(f, None)  # the header
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[3] == _TCP_LISTEN and fields[1].endswith(wanted):
+                        return True
+        except OSError:
+            continue
+    return False
 
 
 def wait_for_nodes(
