@@ -11,9 +11,10 @@ yield; ``jobs/pool_upkeep.py``: filling, stopping, reconciling), and what differ
   target), under the organisation's admission lock.
 
 A pool target answers: the target's resolved config (None when the target no longer is of the
-pool's kind), the lock and the room check a fill takes, the request a warm cluster is started
-from, the start itself, the shape key of an attempt's request (None: it can take no warm
-cluster), and the warm clusters found on the target (the sweep stops those no row accounts for).
+pool's kind), whose admission lock guards its room and the room check a fill takes under it,
+the request a warm cluster is started from, the start itself, the shape key of an attempt's
+request (None: it can take no warm cluster), and the warm clusters found on the target (the
+sweep stops those no row accounts for).
 """
 
 from __future__ import annotations
@@ -28,14 +29,17 @@ from django.db.models import Sum
 from config.errors import InvalidInput
 from quotas import selectors as quota_selectors
 from quotas.models import RESOURCES, OrgQuota
-from workspaces.models import ComputeTargetKind, Organization, Workspace
+from workspaces.models import ComputeTarget, ComputeTargetKind, Organization, Workspace
 
 from . import spec as job_spec
 from .launchers import launcher_for
 from .launchers.base import LaunchError, LaunchRequest
+from .local_host import sandbox_footprint
 from .models import WARM_HOLDING, WarmCluster, WarmPool
 
 WARM_PREFIX = "warm-"  # the submission id a warm cluster's handle names until it is claimed
+# A warm cluster is started for no job: nothing is ever submitted with this entrypoint.
+WARM_ENTRYPOINT = "true"
 EPSILON = 1e-9
 
 
@@ -54,7 +58,8 @@ class PoolTarget(Protocol):
         gpu_flavor: str,
     ) -> dict[str, Any]: ...
 
-    def lock(self, pool: WarmPool) -> None: ...
+    # Whose admission lock guards its room: the shared host's, or the pool's organisation's.
+    room_of_host: bool
 
     def has_room(self, pool: WarmPool) -> bool: ...
 
@@ -101,29 +106,73 @@ def _warm_name(cluster: WarmCluster) -> str:
     return f"manta-warm-{cluster.pk}"
 
 
+# --- shapes of local clusters ----------------------------------------------------------------
+
+
+def _node(role: str, node: dict[str, Any]) -> list[Any]:
+    resources = sorted((k, float(v)) for k, v in (node.get("resources") or {}).items())
+    return [
+        role,
+        float(node.get("cpu") or 0),
+        float(node.get("memory_gb") or 0),
+        int(node.get("gpu") or 0),
+        job_spec.node_disk_gb(node),
+        resources,
+    ]
+
+
+def shape_key(spec: dict[str, Any], config: dict[str, Any]) -> str:
+    """What decides how a cluster's nodes are started and sandboxed: the image, each node's
+    CPUs, memory, GPUs, disk and custom resources (the head, then every worker replica in
+    order; group names do not matter), and the target's object store size."""
+    nodes = [_node("head", spec.get("head") or {})]
+    for group in spec.get("worker_groups") or []:
+        nodes += [_node("worker", group)] * int(group.get("replicas", 1))
+    shape = {
+        "image": spec.get("image", ""),
+        "nodes": nodes,
+        "object_store": (config or {}).get("object_store_memory_bytes"),
+    }
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+
+
+def footprint(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, float]:
+    """What one cluster of ``spec`` holds of the host: what admission reserves for a job of
+    that shape there (``jobs.services.requested_for``, the same arithmetic)."""
+    return {**job_spec.requested_resources(spec), **(sandbox_footprint(spec, config) or {})}
+
+
+def warm_spec(pool: WarmPool) -> dict[str, Any]:
+    """The spec a pool's clusters are started from."""
+    return {**pool.spec, "entrypoint": WARM_ENTRYPOINT}
+
+
+def local_target_config(organization_id: int, target_name: str) -> dict[str, Any] | None:
+    """The resolved config of the organisation's target ``target_name`` when it runs on this
+    host (None when it does not)."""
+    from .launch_requests import local_defaults
+
+    target = ComputeTarget.objects.filter(organization_id=organization_id, name=target_name).first()
+    if target is None:
+        return local_defaults({}) if target_name == ComputeTargetKind.LOCAL else None
+    return local_defaults(dict(target.config)) if target.kind == ComputeTargetKind.LOCAL else None
+
+
 # --- local -----------------------------------------------------------------------------------
 
 
 class LocalPoolTarget:
     kind = ComputeTargetKind.LOCAL
+    room_of_host = True
 
     def config(self, pool: WarmPool) -> dict[str, Any] | None:
-        from .pools import local_target_config
-
         return local_target_config(pool.organization_id, pool.target_name)
 
     def place(self, organization, config, shape, *, workspace, gpu_flavor) -> dict[str, Any]:
-        from .pools import footprint, shape_key
-
         for field, value in (("workspace", workspace), ("gpu_flavor", gpu_flavor)):
             if value:
                 raise InvalidInput.on(field, "only a kuberay target's pool has one")
         return {"shape_key": shape_key(shape, config), "footprint": footprint(shape, config)}
-
-    def lock(self, pool: WarmPool) -> None:
-        from .admission import lock_host
-
-        lock_host()
 
     def has_room(self, pool: WarmPool) -> bool:
         """The host's reservations, every local pool's holdings and one more cluster of
@@ -143,8 +192,6 @@ class LocalPoolTarget:
         return _fits(capacity, reserved, held, one)
 
     def request(self, cluster: WarmCluster, config: dict[str, Any]) -> LaunchRequest:
-        from .pools import warm_spec
-
         return LaunchRequest(
             submission_id=f"{WARM_PREFIX}{cluster.pk}",
             cluster_name=_warm_name(cluster),
@@ -157,8 +204,6 @@ class LocalPoolTarget:
         return launcher.start_cluster(request, abandon=abandon)
 
     def shape_of(self, request: LaunchRequest) -> str | None:
-        from .pools import shape_key
-
         return shape_key(request.spec, request.target_config)
 
     def leftovers(self, cluster: WarmCluster) -> list[dict[str, Any]]:
@@ -181,6 +226,7 @@ class LocalPoolTarget:
 
 class KubeRayPoolTarget:
     kind = ComputeTargetKind.KUBERAY
+    room_of_host = False
 
     def config(self, pool: WarmPool) -> dict[str, Any] | None:
         from .launch_requests import resolve_named
@@ -227,11 +273,6 @@ class KubeRayPoolTarget:
             "gpu_flavor": gpu_flavor,
         }
 
-    def lock(self, pool: WarmPool) -> None:
-        from .admission import lock_admission
-
-        lock_admission(pool.organization_id)
-
     def has_room(self, pool: WarmPool) -> bool:
         """The organisation's reservations, its kuberay pools' holdings and one more cluster
         of ``pool`` fit its capacity; and, for a pool of a GPU flavor, what the target's jobs
@@ -260,7 +301,6 @@ class KubeRayPoolTarget:
 
     def request(self, cluster: WarmCluster, config: dict[str, Any]) -> LaunchRequest:
         from .launchers.kuberay.manifest import LABEL_ORG, LABEL_POOL, LABEL_WARM
-        from .pools import warm_spec
 
         pool = cluster.pool
         return LaunchRequest(

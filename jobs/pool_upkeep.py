@@ -67,7 +67,12 @@ def _take_slot(pool_id: int) -> WarmCluster | None:
         pool = WarmPool.objects.select_for_update().filter(pk=pool_id).first()
         if pool is None or pool.size == 0:
             return None
-        target.lock(pool)
+        from .admission import lock_admission, lock_host
+
+        if target.room_of_host:
+            lock_host()
+        else:
+            lock_admission(pool.organization_id)
         live = pool.clusters.filter(state__in=(S.STARTING, S.IDLE)).count()
         if live >= pool.size or target.config(pool) is None:
             return None

@@ -30,8 +30,6 @@ what differs by kind of target (where a cluster runs, its room, its start).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from typing import Any
 
@@ -45,73 +43,25 @@ from audit.context import Actor
 from config import secrets
 from config.errors import InvalidInput
 from quotas.models import RESOURCES
-from workspaces.models import ComputeTarget, ComputeTargetKind, Organization
+from workspaces.models import ComputeTargetKind, Organization
 
 from . import dispatch, metrics_events, pool_targets
 from . import spec as job_spec
 from .launchers.base import LaunchRequest
-from .local_host import sandbox_footprint
 from .models import Job, JobAttempt, WarmCluster, WarmClusterState, WarmPool
+from .pool_targets import (  # noqa: F401  (the shapes are the pools' as much as the targets')
+    WARM_ENTRYPOINT,
+    footprint,
+    local_target_config,
+    shape_key,
+    warm_spec,
+)
 
 logger = logging.getLogger(__name__)
 
-# A warm cluster is started for no job: nothing is ever submitted with this entrypoint.
-WARM_ENTRYPOINT = "true"
 POOL_FIELDS = ["size", "idle_timeout_seconds"]
 MAX_POOL_SIZE = 64
 SHAPE_FIELDS = ("image", "head", "worker_groups")
-
-
-# --- shapes ----------------------------------------------------------------------------------
-
-
-def _node(role: str, node: dict[str, Any]) -> list[Any]:
-    resources = sorted((k, float(v)) for k, v in (node.get("resources") or {}).items())
-    return [
-        role,
-        float(node.get("cpu") or 0),
-        float(node.get("memory_gb") or 0),
-        int(node.get("gpu") or 0),
-        job_spec.node_disk_gb(node),
-        resources,
-    ]
-
-
-def shape_key(spec: dict[str, Any], config: dict[str, Any]) -> str:
-    """What decides how a cluster's nodes are started and sandboxed: the image, each node's
-    CPUs, memory, GPUs, disk and custom resources (the head, then every worker replica in
-    order; group names do not matter), and the target's object store size."""
-    nodes = [_node("head", spec.get("head") or {})]
-    for group in spec.get("worker_groups") or []:
-        nodes += [_node("worker", group)] * int(group.get("replicas", 1))
-    shape = {
-        "image": spec.get("image", ""),
-        "nodes": nodes,
-        "object_store": (config or {}).get("object_store_memory_bytes"),
-    }
-    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
-
-
-def footprint(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, float]:
-    """What one cluster of ``spec`` holds of the host: what admission reserves for a job of
-    that shape there (``jobs.services.requested_for``, the same arithmetic)."""
-    return {**job_spec.requested_resources(spec), **(sandbox_footprint(spec, config) or {})}
-
-
-def warm_spec(pool: WarmPool) -> dict[str, Any]:
-    """The spec a pool's clusters are started from."""
-    return {**pool.spec, "entrypoint": WARM_ENTRYPOINT}
-
-
-def local_target_config(organization_id: int, target_name: str) -> dict[str, Any] | None:
-    """The resolved config of the organisation's target ``target_name`` when it runs on this
-    host (None when it does not)."""
-    from .launch_requests import local_defaults
-
-    target = ComputeTarget.objects.filter(organization_id=organization_id, name=target_name).first()
-    if target is None:
-        return local_defaults({}) if target_name == ComputeTargetKind.LOCAL else None
-    return local_defaults(dict(target.config)) if target.kind == ComputeTargetKind.LOCAL else None
 
 
 # --- configuration (org admins, through the API and the admin) -------------------------------
