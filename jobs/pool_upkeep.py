@@ -59,20 +59,20 @@ def _take_slot(pool_id: int) -> WarmCluster | None:
     """A ``starting`` row for one more cluster of the pool, when it lacks one and its target
     has room: under the admission lock of that room (the host's, or the organisation's), so a
     pool and an admission pass never both take the same room."""
-    kind = WarmPool.objects.filter(pk=pool_id).values_list("kind", flat=True).first()
-    if kind is None:
-        return None
-    target = TARGETS[kind]
-    with transaction.atomic():
-        pool = WarmPool.objects.select_for_update().filter(pk=pool_id).first()
-        if pool is None or pool.size == 0:
-            return None
-        from .admission import lock_admission, lock_host
+    from .admission import lock_admission, lock_host
 
+    found = WarmPool.objects.filter(pk=pool_id).values_list("kind", "organization_id").first()
+    if found is None:
+        return None
+    target = TARGETS[found[0]]
+    with transaction.atomic():
         if target.room_of_host:
             lock_host()
         else:
-            lock_admission(pool.organization_id)
+            lock_admission(found[1])
+        pool = WarmPool.objects.select_for_update().filter(pk=pool_id).first()
+        if pool is None or pool.size == 0:
+            return None
         live = pool.clusters.filter(state__in=(S.STARTING, S.IDLE)).count()
         if live >= pool.size or target.config(pool) is None:
             return None
@@ -283,7 +283,8 @@ def _stop_strays() -> int:
         ids = {}
         for handle in target.found():
             number = str(handle["submission_id"])[len(WARM_PREFIX) :]
-            ids.setdefault(int(number) if number.isdigit() else -1, []).append(handle)
+            if number.isdigit():
+                ids.setdefault(int(number), []).append(handle)
         live = set(
             WarmCluster.objects.filter(
                 pk__in=ids, state__in=(S.STARTING, S.IDLE, S.CLAIMED, S.RETIRING)

@@ -243,3 +243,29 @@ def test_bad_kuberay_pool_input_is_refused_naming_the_field(world, k8s):
         assert field in response.json()["errors"], response.json()
     local = admin.post(API, {"spec": shape(), "workspace": world.ws.slug}, format="json")
     assert local.status_code == 400 and "workspace" in local.json()["errors"]
+
+
+def test_idle_warm_rayclusters_yield_the_organisations_capacity_to_admitted_work(
+    world, template, k8s, stub
+):
+    other = make_pool(world, 2, spec=shape(image="rayproject/ray:2.59.0"))
+    mine = make_pool(world, 1)
+    assert pool_upkeep.pool_fill(other.pk) == 2
+    assert pool_upkeep.pool_fill(mine.pk) == 1
+    # the organisation's capacity is exactly what the three warm clusters hold
+    OrgQuota.objects.update_or_create(
+        organization=world.org, defaults={"cpu": 2 * other.cpu + mine.cpu}
+    )
+    job = submit(world, template)  # of mine's shape: it will claim mine's cluster
+    assert job.requested_cpu == mine.cpu
+    assert admission.admit(world.org.pk) == [job.pk]
+    assert not WarmCluster.objects.filter(state=S.RETIRING).exists()  # its room passes on
+
+    second = submit(world, template)  # mine has nothing more for it: the other pool yields
+    WarmCluster.objects.filter(pool=mine).update(state=S.CLAIMED)  # the first job took it
+    assert admission.admit(world.org.pk) == [second.pk]
+    retired = list(WarmCluster.objects.filter(state=S.RETIRING))
+    assert [(c.pool_id, c.stop_reason) for c in retired] == [(other.pk, "yielded")]
+    pool_upkeep.pool_stop([c.pk for c in retired])
+    assert (k8s, f"manta-warm-{retired[0].pk}") not in stub.rayclusters
+    assert pool_upkeep._take_slot(other.pk) is None  # no refill into the admitted job's room
