@@ -252,7 +252,7 @@ class KubeRayPoolTarget:
         request = LaunchRequest(
             submission_id=WARM_PREFIX,
             cluster_name="manta-warm",
-            spec={**shape, "entrypoint": "true"},
+            spec={**shape, "entrypoint": WARM_ENTRYPOINT},
             labels=labels,
             target_config=config,
             gpu_flavor=gpu_flavor,

@@ -26,6 +26,7 @@ from config import secrets
 from quotas.models import RESOURCES
 
 from . import dispatch
+from .launchers import launcher_for
 from .launchers.base import LaunchAbandoned, LaunchError, LaunchRequest
 from .launchers.local.sandbox import process_start_time
 from .models import ATTEMPT_ACTIVE, JobAttempt, WarmCluster, WarmClusterState, WarmPool
@@ -138,6 +139,7 @@ def warm_take(
     cluster cold). A launch retried after a crash takes up the cluster it had claimed."""
     if kind not in TARGETS:
         return None
+    launcher = launcher_for(kind, request.target_config)
     cluster = claimed_by(attempt)
     pool = None
     for _ in range(3):  # a claimed cluster found dead is stopped and another one tried
@@ -148,7 +150,6 @@ def warm_take(
             cluster = pool_claim(pool=pool, attempt=attempt)
             if cluster is None:
                 return None
-        launcher = launcher_of(cluster.pool, request.target_config)
         handle = handle_of(cluster)
         bound = launcher.bind_warm(handle, request) if handle else None
         if bound is not None:
