@@ -436,6 +436,15 @@ def _admit_locked(
             capacity=ledger.host_capacity,
             admitted=[job.pk for job in chosen],
         )
+    if chosen and quota and any(getattr(quota, name) is not None for name in RESOURCES):
+        # The organisation's kuberay warm pools hold part of its capacity in the same way.
+        pools_yield(
+            reserved={name: getattr(ledger.org, name) for name in RESOURCES},
+            capacity={name: getattr(quota, name) for name in RESOURCES},
+            admitted=[job.pk for job in chosen],
+            organization_id=organization_id,
+            gpu_flavors=flavors,
+        )
     attempts_create(chosen, gpu_flavors=flavors)
     return [job.pk for job in chosen]
 

@@ -34,10 +34,19 @@ class ResolvedTarget:
 def resolve_target(job: Job) -> ResolvedTarget:
     """The workspace's compute target with its secret decrypted; ``local`` is built in."""
     name = job.workspace.compute_target
-    target = ComputeTarget.objects.filter(organization_id=job.organization_id, name=name).first()
+    target = resolve_named(job.organization_id, name)
+    if target is None:
+        raise LaunchError(f"compute target {name!r} does not exist in this organisation")
+    return target
+
+
+def resolve_named(organization_id: int, name: str) -> ResolvedTarget | None:
+    """The organisation's compute target ``name`` with its secret decrypted (None when it has
+    none of that name); ``local`` is built in."""
+    target = ComputeTarget.objects.filter(organization_id=organization_id, name=name).first()
     if target is None:
         if name != ComputeTargetKind.LOCAL:
-            raise LaunchError(f"compute target {name!r} does not exist in this organisation")
+            return None
         return ResolvedTarget(name="local", kind="local", config=local_defaults({}))
     config = {**target.config, **compute_target_secrets(target)}
     if target.kind == ComputeTargetKind.LOCAL:

@@ -17,7 +17,6 @@ from packages.services import blob_name as package_blob
 from packages.services import storage as package_storage
 from packages.sources import CodeUnavailable
 from packages.sources import fetch as fetch_code
-from workspaces.models import ComputeTargetKind
 
 from . import metrics_events
 from .attempts import SYSTEM, handle_of, leased, load, stop_orphans
@@ -122,10 +121,11 @@ def _still_wanted(attempt: JobAttempt) -> bool:
 
 def _start(attempt: JobAttempt, launcher, request: LaunchRequest, target) -> dict[str, Any]:
     # A warm cluster of the job's shape when its pool has one idle; else a cold start.
-    warm = warm_take(attempt, request) if target.kind == ComputeTargetKind.LOCAL else None
+    warm = warm_take(attempt, request, target.kind)
     if warm is not None:
         handle, cluster = warm
-        isolation = {**(handle.get("isolation") or {}), "warm_cluster": cluster.pk}
+        isolation = handle.get("isolation") or {"mode": f"{target.kind} target"}
+        isolation = {**isolation, "warm_cluster": cluster.pk}
     else:
         stop_orphans(attempt, target)
         # Asked while nodes start: a cancel or preemption stops the start.

@@ -279,14 +279,20 @@ class JobEvent(models.Model):
 
 
 class WarmPool(models.Model):
-    """Warm clusters of one shape for one of an organisation's ``local`` compute targets: an
-    org admin says how many to keep started ahead of need (``size``; 0, the default, keeps
-    none) and how long an unused one may idle before it is stopped (``jobs/pools.py``)."""
+    """Warm clusters of one shape for one of an organisation's ``local`` or ``kuberay`` compute
+    targets: an org admin says how many to keep started ahead of need (``size``; 0, the
+    default, keeps none) and how long an unused one may idle before it is stopped
+    (``jobs/pools.py``; a kuberay pool's clusters are RayClusters, ``jobs/pool_targets.py``)."""
 
     organization = models.ForeignKey(
         "workspaces.Organization", on_delete=models.CASCADE, related_name="+"
     )
-    target_name = models.CharField(max_length=64)  # a local ComputeTarget's name, or "local"
+    target_name = models.CharField(max_length=64)  # a ComputeTarget's name, or "local"
+    kind = models.CharField(max_length=16, default="local", db_default="local")  # the target's
+    # kuberay: the namespace its RayClusters live in (a job's RayJob must be in the same one to
+    # select one), and the GPU flavor whose nodes its GPU pods go to ("" for none).
+    namespace = models.CharField(max_length=63, blank=True, default="", db_default="")
+    gpu_flavor = models.CharField(max_length=32, blank=True, default="", db_default="")
     # The cluster's shape: image, head and worker groups (a job spec's node fields), and its
     # key (jobs.pools.shape_key): what a job must match, node for node, to take one.
     spec = models.JSONField()

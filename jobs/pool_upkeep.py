@@ -1,10 +1,13 @@
 """Keeping warm pools (``jobs/pools.py``) true to their rows: filling them, handing a warm cluster
-to an attempt, stopping retired clusters, and the sweep's reconcile of rows with processes.
+to an attempt, stopping retired clusters, and the sweep's reconcile of rows with processes (a
+local target's) or with the RayClusters the API server lists (a kuberay target's). What differs
+by kind of target is behind ``jobs/pool_targets.py``; everything here is the same for both.
 
 Every cluster has its row before its first process starts (``starting``, with the pid and start
-time of the worker starting it), and its ``handle.json`` names ``warm-<row id>`` from its first
-write: whatever was killed when, the sweep finds each cluster from its row or from its dir and
-stops what no live row accounts for.
+time of the worker starting it), and what it is started as names ``warm-<row id>`` from the
+start (a local cluster's ``handle.json``, a RayCluster's name and labels): whatever was killed
+when, the sweep finds each cluster from its row or on its target and stops what no live row
+accounts for.
 """
 
 from __future__ import annotations
@@ -16,39 +19,24 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q, Sum
+from django.db.models import Q
 from django.utils import timezone
 
 from config import secrets
-from quotas import selectors as quota_selectors
 from quotas.models import RESOURCES
-from workspaces.models import ComputeTargetKind
 
 from . import dispatch
 from .launchers import launcher_for
 from .launchers.base import LaunchAbandoned, LaunchError, LaunchRequest
 from .launchers.local.sandbox import process_start_time
-from .local_host import HOST
-from .local_host import capacity as host_capacity
 from .models import ATTEMPT_ACTIVE, JobAttempt, WarmCluster, WarmClusterState, WarmPool
-from .pools import (
-    claimed_by,
-    handle_of,
-    held_on_host,
-    local_target_config,
-    pool_claim,
-    pool_for,
-    warm_spec,
-)
+from .pool_targets import TARGETS, WARM_PREFIX, launcher_of, target_of
+from .pools import claimed_by, handle_of, pool_claim, pool_for
+
+__all__ = ["WARM_PREFIX", "pool_fill", "pool_stop", "pools_reconcile", "warm_take"]
 
 logger = logging.getLogger(__name__)
 S = WarmClusterState
-WARM_PREFIX = "warm-"  # the submission id a warm cluster's handle names until it is claimed
-EPSILON = 1e-9
-
-
-def _launcher(config: dict[str, Any] | None = None):
-    return launcher_for(ComputeTargetKind.LOCAL, config or {})
 
 
 # --- filling ---------------------------------------------------------------------------------
@@ -69,21 +57,28 @@ def pool_fill(pool_id: int) -> int:
 
 
 def _take_slot(pool_id: int) -> WarmCluster | None:
-    """A ``starting`` row for one more cluster of the pool, when it lacks one and the host has
-    room: under admission's host lock, so a pool and an admission pass never both take the
-    same room."""
-    from .admission import lock_host
+    """A ``starting`` row for one more cluster of the pool, when it lacks one and its target
+    has room: under the admission lock of that room (the host's, or the organisation's), so a
+    pool and an admission pass never both take the same room."""
+    from .admission import lock_admission, lock_host
 
+    found = WarmPool.objects.filter(pk=pool_id).values_list("kind", "organization_id").first()
+    if found is None:
+        return None
+    target = TARGETS[found[0]]
     with transaction.atomic():
-        lock_host()
+        if target.room_of_host:
+            lock_host()
+        else:
+            lock_admission(found[1])
         pool = WarmPool.objects.select_for_update().filter(pk=pool_id).first()
         if pool is None or pool.size == 0:
             return None
         live = pool.clusters.filter(state__in=(S.STARTING, S.IDLE)).count()
-        if live >= pool.size or local_target_config(pool.organization_id, pool.target_name) is None:
+        if live >= pool.size or target.config(pool) is None:
             return None
-        if not _host_has_room(pool):
-            logger.info("warm pool %s waits: the host has no room for another cluster", pool.pk)
+        if not target.has_room(pool):
+            logger.info("warm pool %s waits: its target has no room for another cluster", pool.pk)
             return None
         pid = os.getpid()
         return WarmCluster.objects.create(
@@ -95,38 +90,19 @@ def _take_slot(pool_id: int) -> WarmCluster | None:
         )
 
 
-def _host_has_room(pool: WarmPool) -> bool:
-    capacity = host_capacity()
-    reserved = (
-        quota_selectors.active_reservations()
-        .filter(host=HOST)
-        .aggregate(**{name: Sum(name) for name in RESOURCES})
-    )
-    pools = held_on_host()
-    for name in RESOURCES:
-        cap = capacity.get(name)
-        need = (reserved[name] or 0.0) + pools[name] + getattr(pool, name)
-        if cap is not None and need > cap + EPSILON:
-            return False
-    return True
-
-
 def _start(cluster: WarmCluster) -> bool:
     """Bring the cluster of a ``starting`` row up and make it ``idle``."""
     pool = cluster.pool
-    config = local_target_config(pool.organization_id, pool.target_name) or {}
-    request = LaunchRequest(
-        submission_id=f"{WARM_PREFIX}{cluster.pk}",
-        cluster_name=f"manta-warm-{cluster.pk}",
-        spec=warm_spec(pool),
-        labels={},
-        target_config=config,
-    )
-    launcher = _launcher(config)
+    target = target_of(pool)
+    config = target.config(pool) or {}
+    request = target.request(cluster, config)
+    launcher = launcher_of(pool, config)
     starting = WarmCluster.objects.filter(pk=cluster.pk, state=S.STARTING)
     try:
-        handle = launcher.start_cluster(
-            request, abandon=lambda: "" if starting.exists() else "the warm cluster was retired"
+        handle = target.start(
+            launcher,
+            request,
+            abandon=lambda: "" if starting.exists() else "the warm cluster was retired",
         )
     except (LaunchAbandoned, LaunchError) as exc:
         logger.warning("warm cluster %s of pool %s did not start: %s", cluster.pk, pool.pk, exc)
@@ -156,17 +132,19 @@ def _mark_stopped(pk: int, reason: str, *, states) -> None:
 
 
 def warm_take(
-    attempt: JobAttempt, request: LaunchRequest
+    attempt: JobAttempt, request: LaunchRequest, kind: str
 ) -> tuple[dict[str, Any], WarmCluster] | None:
-    """A running warm cluster of the attempt's shape, bound to the attempt (its handle), or
-    None: no pool of its shape, or none idle (the caller starts a cluster cold). A launch
-    retried after a crash takes up the cluster it had claimed."""
-    launcher = _launcher(request.target_config)
+    """A running warm cluster of the attempt's shape on its target (of ``kind``), bound to the
+    attempt (its handle), or None: no pool of its shape, or none idle (the caller starts a
+    cluster cold). A launch retried after a crash takes up the cluster it had claimed."""
+    if kind not in TARGETS:
+        return None
+    launcher = launcher_for(kind, request.target_config)
     cluster = claimed_by(attempt)
     pool = None
     for _ in range(3):  # a claimed cluster found dead is stopped and another one tried
         if cluster is None:
-            pool = pool or pool_for(attempt, request)
+            pool = pool or pool_for(attempt, request, kind)
             if pool is None:
                 return None
             cluster = pool_claim(pool=pool, attempt=attempt)
@@ -204,17 +182,17 @@ def pool_stop(cluster_ids: list[int]) -> int:
 
 
 def _stop_cluster(cluster: WarmCluster, handle: dict[str, Any] | None) -> None:
-    launcher = _launcher()
-    if handle is not None:
-        launcher.stop(handle)
-    for found in _warm_handles():  # a start killed before its row got the handle
-        if found.get("submission_id") == f"{WARM_PREFIX}{cluster.pk}":
+    """Stop the cluster (idempotent). A target that cannot be reached now is left: what is
+    still there is a stray for a later sweep (its row stopped, its labels or dir remain)."""
+    target = target_of(cluster.pool)
+    launcher = launcher_of(cluster.pool)
+    try:
+        if handle is not None:
+            launcher.stop(handle)
+        for found in target.leftovers(cluster):  # a start killed before its row got the handle
             launcher.stop(found)
-
-
-def _warm_handles() -> list[dict[str, Any]]:
-    handles = _launcher().find_clusters({"work_dir": settings.MANTA_LOCAL_RAY_DIR})
-    return [h for h in handles if str(h.get("submission_id", "")).startswith(WARM_PREFIX)]
+    except LaunchError as exc:
+        logger.warning("warm cluster %s not stopped yet: %s", cluster.pk, exc)
 
 
 def _starter_alive(cluster: WarmCluster) -> bool:
@@ -250,16 +228,16 @@ def pools_reconcile() -> dict[str, int]:
     in_use = WarmCluster.objects.exclude(state=S.STOPPED).exists()
     if not in_use and not WarmPool.objects.filter(size__gt=0).exists():
         return counts  # no pool in use: one query a sweep, and no look at the work dir
-    launcher = _launcher()
     for cluster in WarmCluster.objects.filter(state=S.STARTING):
         if not _starter_alive(cluster):
             counts["retired"] += _retire(cluster, "starter_lost")
+    launchers: dict[int, Any] = {}
     for cluster in WarmCluster.objects.filter(state=S.IDLE).select_related("pool"):
         timeout = dt.timedelta(seconds=cluster.pool.idle_timeout_seconds)
         handle = handle_of(cluster)
         if cluster.ready_at and cluster.ready_at < now - timeout:
             counts["retired"] += _retire(cluster, "idle_timeout")
-        elif handle is None or not launcher.is_alive(handle):
+        elif handle is None or not _alive(cluster, handle, launchers):
             counts["retired"] += _retire(cluster, "lost")
     for pool in WarmPool.objects.all():
         idle = list(pool.clusters.filter(state=S.IDLE).order_by("-ready_at", "-id"))
@@ -285,22 +263,43 @@ def pools_reconcile() -> dict[str, int]:
     return counts
 
 
+def _alive(cluster: WarmCluster, handle: dict[str, Any], launchers: dict[int, Any]) -> bool:
+    """The cluster's processes (or its RayCluster) are still there; a target that cannot say
+    (unreachable) leaves it be until the next sweep."""
+    if cluster.pool_id not in launchers:
+        launchers[cluster.pool_id] = launcher_of(cluster.pool)
+    try:
+        return launchers[cluster.pool_id].is_alive(handle)
+    except LaunchError as exc:
+        logger.warning("warm cluster %s: cannot tell whether it runs: %s", cluster.pk, exc)
+        return True
+
+
 def _stop_strays() -> int:
-    """Stop warm cluster dirs that no live row accounts for (a row stopped while a killed
-    start's processes lived on, or a row that was never committed)."""
-    ids = {}
-    for handle in _warm_handles():
-        number = str(handle["submission_id"])[len(WARM_PREFIX) :]
-        if number.isdigit():
-            ids[int(number)] = handle
-    live = set(
-        WarmCluster.objects.filter(
-            pk__in=ids, state__in=(S.STARTING, S.IDLE, S.CLAIMED, S.RETIRING)
-        ).values_list("pk", flat=True)
-    )
-    launcher = _launcher()
-    strays = [handle for pk, handle in ids.items() if pk not in live]
-    for handle in strays:
-        logger.warning("stopping warm cluster %s: no live row", handle.get("cluster_name"))
-        launcher.stop(handle)
-    return len(strays)
+    """Stop the warm clusters found on their targets that no live row accounts for (a row
+    stopped while a killed start's processes lived on, a row that was never committed, a
+    RayCluster with a pool's labels that no row names)."""
+    strays = 0
+    for target in TARGETS.values():
+        ids = {}
+        for handle in target.found():
+            number = str(handle["submission_id"])[len(WARM_PREFIX) :]
+            if number.isdigit():
+                ids.setdefault(int(number), []).append(handle)
+        live = set(
+            WarmCluster.objects.filter(
+                pk__in=ids, state__in=(S.STARTING, S.IDLE, S.CLAIMED, S.RETIRING)
+            ).values_list("pk", flat=True)
+        )
+        for pk, handles in ids.items():
+            if pk in live:
+                continue
+            for handle in handles:
+                logger.warning("stopping warm cluster %s: no live row", _name(handle))
+                target.stop_found(handle)
+                strays += 1
+    return strays
+
+
+def _name(handle: dict[str, Any]) -> str:
+    return str(handle.get("cluster_name") or handle.get("ray_cluster") or "")

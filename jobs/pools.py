@@ -1,5 +1,6 @@
-"""Warm pools for the ``local`` target: clusters of one shape started ahead of need, so that an
-attempt whose job has that shape skips Ray's node start-up.
+"""Warm pools: clusters of one shape started ahead of need, so that an attempt whose job has that
+shape skips Ray's node start-up. Below, the ``local`` target; a ``kuberay`` target's pools keep
+RayClusters instead, through the same bookkeeping (``jobs/pool_targets.py`` is the seam).
 
 The warm unit is a whole cluster (head and workers), not a node: a local cluster's nodes share
 one sandbox (one uid, one network namespace that holds every Ray port, one cgroup sized for all
@@ -23,13 +24,12 @@ Promises:
 * The rows are the truth (``jobs/pool_upkeep.py`` reconciles them with the processes).
 
 Here: shapes, the pools' configuration (services for the API and the admin), the claim, and the
-yield to admission. ``pool_upkeep.py``: filling, stopping and reconciling.
+yield to admission. ``pool_upkeep.py``: filling, stopping and reconciling. ``pool_targets.py``:
+what differs by kind of target (where a cluster runs, its room, its start).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from typing import Any
 
@@ -43,73 +43,25 @@ from audit.context import Actor
 from config import secrets
 from config.errors import InvalidInput
 from quotas.models import RESOURCES
-from workspaces.models import ComputeTarget, ComputeTargetKind, Organization
+from workspaces.models import ComputeTargetKind, Organization
 
-from . import dispatch, metrics_events
+from . import dispatch, metrics_events, pool_targets
 from . import spec as job_spec
 from .launchers.base import LaunchRequest
-from .local_host import sandbox_footprint
 from .models import Job, JobAttempt, WarmCluster, WarmClusterState, WarmPool
+from .pool_targets import (  # noqa: F401  (the shapes are the pools' as much as the targets')
+    WARM_ENTRYPOINT,
+    footprint,
+    local_target_config,
+    shape_key,
+    warm_spec,
+)
 
 logger = logging.getLogger(__name__)
 
-# A warm cluster is started for no job: nothing is ever submitted with this entrypoint.
-WARM_ENTRYPOINT = "true"
 POOL_FIELDS = ["size", "idle_timeout_seconds"]
 MAX_POOL_SIZE = 64
 SHAPE_FIELDS = ("image", "head", "worker_groups")
-
-
-# --- shapes ----------------------------------------------------------------------------------
-
-
-def _node(role: str, node: dict[str, Any]) -> list[Any]:
-    resources = sorted((k, float(v)) for k, v in (node.get("resources") or {}).items())
-    return [
-        role,
-        float(node.get("cpu") or 0),
-        float(node.get("memory_gb") or 0),
-        int(node.get("gpu") or 0),
-        job_spec.node_disk_gb(node),
-        resources,
-    ]
-
-
-def shape_key(spec: dict[str, Any], config: dict[str, Any]) -> str:
-    """What decides how a cluster's nodes are started and sandboxed: the image, each node's
-    CPUs, memory, GPUs, disk and custom resources (the head, then every worker replica in
-    order; group names do not matter), and the target's object store size."""
-    nodes = [_node("head", spec.get("head") or {})]
-    for group in spec.get("worker_groups") or []:
-        nodes += [_node("worker", group)] * int(group.get("replicas", 1))
-    shape = {
-        "image": spec.get("image", ""),
-        "nodes": nodes,
-        "object_store": (config or {}).get("object_store_memory_bytes"),
-    }
-    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
-
-
-def footprint(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, float]:
-    """What one cluster of ``spec`` holds of the host: what admission reserves for a job of
-    that shape there (``jobs.services.requested_for``, the same arithmetic)."""
-    return {**job_spec.requested_resources(spec), **(sandbox_footprint(spec, config) or {})}
-
-
-def warm_spec(pool: WarmPool) -> dict[str, Any]:
-    """The spec a pool's clusters are started from."""
-    return {**pool.spec, "entrypoint": WARM_ENTRYPOINT}
-
-
-def local_target_config(organization_id: int, target_name: str) -> dict[str, Any] | None:
-    """The resolved config of the organisation's target ``target_name`` when it runs on this
-    host (None when it does not)."""
-    from .launch_requests import local_defaults
-
-    target = ComputeTarget.objects.filter(organization_id=organization_id, name=target_name).first()
-    if target is None:
-        return local_defaults({}) if target_name == ComputeTargetKind.LOCAL else None
-    return local_defaults(dict(target.config)) if target.kind == ComputeTargetKind.LOCAL else None
 
 
 # --- configuration (org admins, through the API and the admin) -------------------------------
@@ -145,6 +97,20 @@ def _validate_shape(organization: Organization, shape: Any) -> dict[str, Any]:
     return {key: spec[key] for key in SHAPE_FIELDS}
 
 
+def pool_target_config(organization_id: int, target_name: str) -> tuple[str, dict] | None:
+    """The kind and resolved config of the organisation's target ``target_name`` when it can
+    have warm pools (a local target, or a kuberay one); None when it cannot."""
+    config = local_target_config(organization_id, target_name)
+    if config is not None:
+        return ComputeTargetKind.LOCAL, config
+    from .launch_requests import resolve_named
+
+    target = resolve_named(organization_id, target_name)
+    if target is None or target.kind not in pool_targets.TARGETS:
+        return None
+    return target.kind, target.config
+
+
 @transaction.atomic
 def pool_create(
     *,
@@ -154,29 +120,41 @@ def pool_create(
     spec: Any,
     size: int = 0,
     idle_timeout_seconds: int = 600,
+    workspace: str = "",
+    gpu_flavor: str = "",
 ) -> WarmPool:
-    """A warm pool of ``spec``'s shape on the organisation's local target ``target_name``."""
+    """A warm pool of ``spec``'s shape on the organisation's local or kuberay target
+    ``target_name`` (a kuberay pool lives in the namespace of ``workspace``, as the target's
+    namespace_pattern says, and its GPU pods on the nodes of ``gpu_flavor``)."""
     _validate_sizes({"size": size, "idle_timeout_seconds": idle_timeout_seconds})
-    config = local_target_config(organization.pk, target_name)
-    if config is None:
+    found = pool_target_config(organization.pk, target_name)
+    if found is None:
         raise InvalidInput.on(
-            "target_name", f"{target_name!r} is not a local compute target of this organisation"
+            "target_name",
+            f"{target_name!r} is not a local or kuberay compute target of this organisation",
         )
+    kind, config = found
     shape = _validate_shape(organization, spec)
-    key = shape_key(shape, config)
+    placed = pool_targets.TARGETS[kind].place(
+        organization, config, shape, workspace=workspace, gpu_flavor=gpu_flavor
+    )
+    key = placed["shape_key"]
     if WarmPool.objects.filter(
         organization=organization, target_name=target_name, shape_key=key
     ).exists():
         raise InvalidInput.on("spec", "this target already has a pool of this shape")
-    held = footprint(shape, config)
+    held = placed["footprint"]
     pool = WarmPool.objects.create(
         organization=organization,
         target_name=target_name,
+        kind=kind,
+        namespace=placed.get("namespace", ""),
+        gpu_flavor=placed.get("gpu_flavor", ""),
         spec=shape,
         shape_key=key,
         size=size,
         idle_timeout_seconds=idle_timeout_seconds,
-        **{name: held[name] for name in RESOURCES},
+        **{name: held.get(name, 0.0) for name in RESOURCES},
     )
     audit.record(
         actor=actor,
@@ -212,10 +190,13 @@ def pool_update(*, actor: Actor, pool: WarmPool, data: dict[str, Any]) -> WarmPo
 # --- the claim -------------------------------------------------------------------------------
 
 
-def pool_for(attempt: JobAttempt, request: LaunchRequest) -> WarmPool | None:
-    """The pool of the attempt's target whose shape is its job's (None: no such pool)."""
+def pool_for(attempt: JobAttempt, request: LaunchRequest, kind: str) -> WarmPool | None:
+    """The pool of the attempt's target (of ``kind``) whose shape is its job's (None: no such
+    pool, or a job that can take no warm cluster)."""
     job = attempt.job
-    key = shape_key(request.spec, request.target_config)
+    key = pool_targets.TARGETS[kind].shape_of(request)
+    if key is None:
+        return None
     return (
         WarmPool.objects.select_related("organization")
         .filter(
@@ -271,21 +252,15 @@ def handle_of(cluster: WarmCluster) -> dict[str, Any] | None:
 
 def held_on_host() -> dict[str, float]:
     """What the pools' clusters hold of the host that no reservation covers."""
-    held = WarmCluster.objects.filter(state__in=_holding()).aggregate(
-        **{name: Sum(name) for name in RESOURCES}
-    )
-    return {name: held[name] or 0.0 for name in RESOURCES}
+    return pool_targets.holdings(WarmCluster.objects.filter(pool__kind=ComputeTargetKind.LOCAL))
 
 
-def _holding() -> list[str]:
-    return [WarmClusterState.STARTING, WarmClusterState.IDLE, WarmClusterState.RETIRING]
-
-
-def _yieldable(kept: dict[int, int]):
-    """The clusters that yield to admitted work: idle ones (the oldest first), then starting;
-    but ``kept[pool]`` idle clusters of each pool, which admitted jobs of its shape will claim."""
+def _yieldable(scope, kept: dict[int, int]):
+    """The clusters of ``scope`` that yield to admitted work: idle ones (the oldest first), then
+    starting; but ``kept[pool]`` idle clusters of each pool, which admitted jobs of its shape
+    will claim."""
     for state in (WarmClusterState.IDLE, WarmClusterState.STARTING):
-        rows = WarmCluster.objects.select_for_update(skip_locked=True).filter(state=state)
+        rows = scope.select_for_update(skip_locked=True).filter(state=state)
         for cluster in rows.order_by("created_at", "id"):
             if state == WarmClusterState.IDLE and kept.get(cluster.pool_id, 0) > 0:
                 kept[cluster.pool_id] -= 1
@@ -293,24 +268,32 @@ def _yieldable(kept: dict[int, int]):
             yield cluster
 
 
-def _wanted(job_ids: list[int]) -> dict[int, int]:
-    """How many of ``job_ids`` (just admitted) each pool has the shape of: they will claim its
-    idle clusters, so those are not the ones to stop."""
+def _wanted(job_ids: list[int], gpu_flavors: dict[int, str]) -> dict[int, int]:
+    """How many of ``job_ids`` (just admitted, with the GPU flavors chosen for them) each pool
+    has the shape of: they will claim its idle clusters, so those are not the ones to stop."""
+    from .launchers.kuberay.manifest import LABEL_ORG, LABEL_WORKSPACE
+
     wanted: dict[int, int] = {}
-    configs: dict[tuple[int, str], dict[str, Any] | None] = {}
-    rows = Job.objects.filter(pk__in=job_ids)
-    for org_id, target, spec in rows.values_list(
-        "organization_id", "workspace__compute_target", "spec"
-    ):
+    configs: dict[tuple[int, str], tuple[str, dict] | None] = {}
+    rows = Job.objects.filter(pk__in=job_ids).select_related("organization", "workspace")
+    for job in rows:
+        org_id, target = job.organization_id, job.workspace.compute_target
         if (org_id, target) not in configs:
-            configs[org_id, target] = local_target_config(org_id, target)
-        config = configs[org_id, target]
-        if config is None:
+            configs[org_id, target] = pool_target_config(org_id, target)
+        if configs[org_id, target] is None:
             continue
+        kind, config = configs[org_id, target]
+        request = LaunchRequest(
+            submission_id="",
+            cluster_name="",
+            spec=job.spec,
+            labels={LABEL_ORG: job.organization.slug, LABEL_WORKSPACE: job.workspace.slug},
+            target_config=config,
+            gpu_flavor=gpu_flavors.get(job.pk, ""),
+        )
+        key = pool_targets.TARGETS[kind].shape_of(request)
         pool = (
-            WarmPool.objects.filter(
-                organization_id=org_id, target_name=target, shape_key=shape_key(spec, config)
-            )
+            WarmPool.objects.filter(organization_id=org_id, target_name=target, shape_key=key)
             .values_list("pk", flat=True)
             .first()
         )
@@ -320,17 +303,29 @@ def _wanted(job_ids: list[int]) -> dict[int, int]:
 
 
 def pools_yield(
-    *, reserved: dict[str, float], capacity: dict[str, float | None], admitted: list[int]
+    *,
+    reserved: dict[str, float],
+    capacity: dict[str, float | None],
+    admitted: list[int],
+    organization_id: int | None = None,
+    gpu_flavors: dict[int, str] | None = None,
 ) -> list[int]:
     """In admission's transaction, under its host lock: when the host's reservations (those it
-    just made included) and the pools' holdings are over its capacity, retire idle (then
+    just made included) and the local pools' holdings are over its capacity, retire idle (then
     starting) warm clusters until they are not. An idle cluster that a job just ``admitted``
     will claim is kept (its room passes to that job's reservation, so it is not counted twice).
     Returns the ids retired; they are stopped after commit. A cluster locked by a claim in
-    progress is skipped."""
-    holding = WarmCluster.objects.filter(
-        state__in=(WarmClusterState.STARTING, WarmClusterState.IDLE)
-    )
+    progress is skipped.
+
+    With ``organization_id`` (under its admission lock), the same for its kuberay pools against
+    its capacity: ``reserved`` is then what the organisation holds."""
+    if organization_id is None:
+        scope = WarmCluster.objects.filter(pool__kind=ComputeTargetKind.LOCAL)
+    else:
+        scope = WarmCluster.objects.filter(
+            pool__kind=ComputeTargetKind.KUBERAY, pool__organization_id=organization_id
+        )
+    holding = scope.filter(state__in=(WarmClusterState.STARTING, WarmClusterState.IDLE))
     pools = holding.aggregate(**{name: Sum(name) for name in RESOURCES})
     over = {
         name: reserved.get(name, 0.0) + (pools[name] or 0.0) - cap
@@ -339,14 +334,14 @@ def pools_yield(
     }
     if all(value <= 1e-9 for value in over.values()):
         return []
-    kept = _wanted(admitted)
+    kept = _wanted(admitted, gpu_flavors or {})
     for pool_id, count in kept.items():
         idle = holding.filter(pool_id=pool_id, state=WarmClusterState.IDLE)
         for cluster in idle.order_by("created_at", "id")[:count]:
             for name in over:  # its room is the admitted job's now
                 over[name] -= getattr(cluster, name)
     retired = []
-    for cluster in _yieldable(dict(kept)):
+    for cluster in _yieldable(scope, dict(kept)):
         if all(value <= 1e-9 for value in over.values()):
             break
         if not any(over[name] > 1e-9 and getattr(cluster, name) > 0 for name in over):

@@ -1,5 +1,5 @@
-"""Warm pools of an organisation's local compute targets: org admins size them, org members see
-them (size, idle and claimed clusters, hits, misses, ages). Views only translate."""
+"""Warm pools of an organisation's local and kuberay compute targets: org admins size them, org
+members see them (size, idle and claimed clusters, hits, misses, ages). Views only translate."""
 
 from __future__ import annotations
 
@@ -24,6 +24,20 @@ class WarmPoolCreateInput(StrictSerializer):
     spec = serializers.JSONField(help_text="the cluster's shape: image, head, worker_groups")
     size = serializers.IntegerField(default=0, help_text="clusters kept started ahead of need")
     idle_timeout_seconds = serializers.IntegerField(default=600)
+    workspace = serializers.CharField(
+        max_length=64,
+        required=False,
+        default="",
+        help_text="kuberay: the workspace whose namespace (the target's namespace_pattern) the "
+        "pool's RayClusters live in; its jobs, and those of workspaces of the same namespace, "
+        "take them",
+    )
+    gpu_flavor = serializers.CharField(
+        max_length=32,
+        required=False,
+        default="",
+        help_text="kuberay: the GPU flavor whose nodes the pool's GPU pods go to",
+    )
 
 
 class WarmPoolUpdateInput(StrictSerializer):
@@ -43,6 +57,9 @@ class WarmPoolOutput(serializers.ModelSerializer):
         fields = [
             "id",
             "target_name",
+            "kind",
+            "namespace",
+            "gpu_flavor",
             "spec",
             "shape_key",
             "size",
@@ -83,7 +100,7 @@ def with_levels(queryset):
 
 
 class WarmPoolViewSet(TenantViewSet):
-    """Warm pools: clusters of one shape started ahead of need on a local target."""
+    """Warm pools: clusters of one shape started ahead of need on a local or kuberay target."""
 
     serializer_class = WarmPoolOutput
     queryset = WarmPool.objects.none()

@@ -6,6 +6,7 @@ bodies, on 127.0.0.1 and a free port:
 
 * ``POST /api/v1/namespaces``, ``GET|DELETE /api/v1/namespaces/{ns}``
 * ``POST|GET /apis/ray.io/v1/namespaces/{ns}/rayjobs``, ``GET|DELETE .../rayjobs/{name}``
+* the same for ``rayclusters`` (the list takes a ``labelSelector`` with ``k=v[,k=v]``)
 * ``GET /api/v1/namespaces/{ns}/pods`` (``labelSelector`` with ``k=v[,k=v]``)
 * ``GET /api/v1/namespaces/{ns}/pods/{name}/log`` (``container``, ``tailLines``)
 
@@ -28,6 +29,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 RAYJOBS = re.compile(r"^/apis/ray\.io/v1/namespaces/(?P<ns>[^/]+)/rayjobs(?:/(?P<name>[^/]+))?$")
+RAYCLUSTERS = re.compile(
+    r"^/apis/ray\.io/v1/namespaces/(?P<ns>[^/]+)/rayclusters(?:/(?P<name>[^/]+))?$"
+)
 NAMESPACES = re.compile(r"^/api/v1/namespaces(?:/(?P<ns>[^/]+))?$")
 PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")
 POD_LOG = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/log$")
@@ -52,6 +56,7 @@ class KubeStub:
     def __init__(self) -> None:
         self.namespaces: dict[str, dict[str, Any]] = {}
         self.rayjobs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.rayclusters: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.pod_logs: dict[tuple[str, str, str], str] = {}  # (ns, pod, container) -> text
         self.requests: list[RecordedRequest] = []
@@ -169,7 +174,9 @@ class KubeStub:
 
     def _route(self, req: RecordedRequest) -> tuple[int, str, bytes]:
         if match := RAYJOBS.match(req.path):
-            return self._rayjobs(req, match["ns"], match["name"])
+            return self._objects(req, match["ns"], match["name"], self.rayjobs, "RayJob")
+        if match := RAYCLUSTERS.match(req.path):
+            return self._objects(req, match["ns"], match["name"], self.rayclusters, "RayCluster")
         if match := POD_LOG.match(req.path):
             return self._pod_log(req, match["ns"], match["name"])
         if match := PODS.match(req.path):
@@ -197,39 +204,51 @@ class KubeStub:
             return _status(200, "", "deleted", status="Success")
         return _status(405, "MethodNotAllowed", f"{req.method} {req.path}")
 
-    def _rayjobs(self, req: RecordedRequest, ns: str, name: str | None) -> tuple[int, str, bytes]:
+    def _objects(
+        self,
+        req: RecordedRequest,
+        ns: str,
+        name: str | None,
+        store: dict[tuple[str, str], dict[str, Any]],
+        kind: str,
+    ) -> tuple[int, str, bytes]:
+        plural = f"{kind.lower()}s.ray.io"
         if name is None and req.method == "POST":
             if ns not in self.namespaces:
                 return _status(404, "NotFound", f'namespaces "{ns}" not found')
             body = copy.deepcopy(req.body)
             name = body["metadata"]["name"]
-            if (ns, name) in self.rayjobs:
+            if (ns, name) in store:
                 return _status(
-                    409, "AlreadyExists", f'rayjobs.ray.io "{name}" already exists', kind="rayjobs"
+                    409, "AlreadyExists", f'{plural} "{name}" already exists', kind=kind.lower()
                 )
             body["metadata"]["namespace"] = ns
-            obj = self._stamp(body, kind="RayJob", api_version="ray.io/v1")
-            self.rayjobs[(ns, name)] = obj
+            obj = self._stamp(body, kind=kind, api_version="ray.io/v1")
+            store[(ns, name)] = obj
             return _json(201, obj)
         if name is None and req.method == "GET":
-            items = [obj for (n, _), obj in sorted(self.rayjobs.items()) if n == ns]
-            return _json(200, {"apiVersion": "ray.io/v1", "kind": "RayJobList", "items": items})
+            wanted = _selector(req)
+            items = [
+                obj
+                for (n, _), obj in sorted(store.items())
+                if n == ns
+                and all(obj["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())
+            ]
+            return _json(200, {"apiVersion": "ray.io/v1", "kind": f"{kind}List", "items": items})
         if name is not None and req.method == "GET":
-            if (ns, name) not in self.rayjobs:
-                return _status(404, "NotFound", f'rayjobs.ray.io "{name}" not found')
-            return _json(200, self.rayjobs[(ns, name)])
+            if (ns, name) not in store:
+                return _status(404, "NotFound", f'{plural} "{name}" not found')
+            return _json(200, store[(ns, name)])
         if name is not None and req.method == "DELETE":
-            if self.rayjobs.pop((ns, name), None) is None:
-                return _status(404, "NotFound", f'rayjobs.ray.io "{name}" not found')
-            return _status(200, "", f'rayjobs.ray.io "{name}" deleted', status="Success")
+            if store.pop((ns, name), None) is None:
+                return _status(404, "NotFound", f'{plural} "{name}" not found')
+            return _status(200, "", f'{plural} "{name}" deleted', status="Success")
         return _status(405, "MethodNotAllowed", f"{req.method} {req.path}")
 
     def _pods(self, req: RecordedRequest, ns: str) -> tuple[int, str, bytes]:
         if req.method != "GET":
             return _status(405, "MethodNotAllowed", f"{req.method} {req.path}")
-        wanted = dict(
-            term.split("=", 1) for term in req.query.get("labelSelector", "").split(",") if term
-        )
+        wanted = _selector(req)
         items = [
             pod
             for (n, _), pod in sorted(self.pods.items())
@@ -299,6 +318,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # keep test output quiet; requests are recorded on the stub instead
+
+
+def _selector(req: RecordedRequest) -> dict[str, str]:
+    """A ``labelSelector`` of equalities (``k=v[,k=v]``), as a mapping."""
+    terms = req.query.get("labelSelector", "").split(",")
+    return dict(term.split("=", 1) for term in terms if term)
 
 
 def _json(code: int, obj: Any) -> tuple[int, str, bytes]:

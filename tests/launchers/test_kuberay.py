@@ -750,3 +750,22 @@ def test_unusable_config_raises_launch_error(
     assert launcher.plan(make_request())["kind"] == "kuberay"  # plan needs no cluster
     with pytest.raises(LaunchError):
         launcher.status({"namespace": NAMESPACE, "name": NAME, "submission_id": "x"})
+
+
+@needs_crd
+def test_a_rayjob_on_a_warm_raycluster_selects_it_and_carries_no_cluster_spec():
+    request = make_request(spec_with(max_retries=0))
+    manifest = render_rayjob(request, ray_cluster="manta-warm-7")
+    assert manifest["spec"]["clusterSelector"] == {"ray.io/cluster": "manta-warm-7"}
+    assert "rayClusterSpec" not in manifest["spec"]
+    assert validate_rayjob(manifest, CRD_PATH) == []
+    # the rest is the cold RayJob's
+    cold = render_rayjob(request)
+    del cold["spec"]["rayClusterSpec"]
+    del manifest["spec"]["clusterSelector"]
+    assert manifest == cold
+
+
+def test_kuberay_retries_no_job_on_a_cluster_it_did_not_create():
+    with pytest.raises(LaunchError, match="max_retries"):
+        render_rayjob(make_request(), ray_cluster="manta-warm-7")  # max_retries 2

@@ -25,6 +25,7 @@ from workspaces import kubeconfig as tenant_kubeconfig
 
 from ..base import LaunchError
 from .manifest import (
+    CLUSTER_PLURAL,
     GROUP,
     LABEL_ORG,
     LABEL_WORKSPACE,
@@ -79,8 +80,54 @@ class KubeClient:
 
     def create_rayjob(self, manifest: Mapping[str, Any]) -> bool:
         """Create the RayJob; False when one of that name exists already."""
+        return self._create(PLURAL, "RayJob", manifest)
+
+    def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The RayJob as the API server has it (None when there is none)."""
+        return self._get(PLURAL, "RayJob", namespace, name)
+
+    def delete_rayjob(self, namespace: str, name: str) -> None:
+        """Delete the RayJob with foreground propagation (KubeRay's finalizer stops the Ray
+        job, then its RayCluster and submitter Job go). Already gone is fine."""
+        self._delete(PLURAL, "RayJob", namespace, name)
+
+    def create_raycluster(self, manifest: Mapping[str, Any]) -> bool:
+        """Create the RayCluster; False when one of that name exists already."""
+        return self._create(CLUSTER_PLURAL, "RayCluster", manifest)
+
+    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The RayCluster as the API server has it (None when there is none)."""
+        return self._get(CLUSTER_PLURAL, "RayCluster", namespace, name)
+
+    def delete_raycluster(self, namespace: str, name: str) -> None:
+        """Delete the RayCluster in the foreground (its pods, services and the auth Secret
+        KubeRay made for it go with it). Already gone is fine."""
+        self._delete(CLUSTER_PLURAL, "RayCluster", namespace, name)
+
+    def list_rayclusters(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The RayClusters of ``namespace`` that carry every one of ``labels`` (none when the
+        namespace does not exist)."""
+        what = f"list RayClusters in {namespace}"
+        selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+        try:
+            found = self._call(
+                what,
+                self._custom().list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                CLUSTER_PLURAL,
+                label_selector=selector,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return []
+            raise _api_error(what, exc) from exc
+        return list(found.get("items") or [])
+
+    def _create(self, plural: str, kind: str, manifest: Mapping[str, Any]) -> bool:
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-        what = f"create RayJob {namespace}/{name}"
+        what = f"create {kind} {namespace}/{name}"
         try:
             self._call(
                 what,
@@ -88,7 +135,7 @@ class KubeClient:
                 GROUP,
                 VERSION,
                 namespace,
-                PLURAL,
+                plural,
                 manifest,
             )
         except ApiException as exc:
@@ -97,9 +144,8 @@ class KubeClient:
             raise _api_error(what, exc) from exc
         return True
 
-    def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The RayJob as the API server has it (None when there is none)."""
-        what = f"get RayJob {namespace}/{name}"
+    def _get(self, plural: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        what = f"get {kind} {namespace}/{name}"
         try:
             return self._call(
                 what,
@@ -107,7 +153,7 @@ class KubeClient:
                 GROUP,
                 VERSION,
                 namespace,
-                PLURAL,
+                plural,
                 name,
             )
         except ApiException as exc:
@@ -115,10 +161,8 @@ class KubeClient:
                 return None
             raise _api_error(what, exc) from exc
 
-    def delete_rayjob(self, namespace: str, name: str) -> None:
-        """Delete the RayJob with foreground propagation (KubeRay's finalizer stops the Ray
-        job, then its RayCluster and submitter Job go). Already gone is fine."""
-        what = f"delete RayJob {namespace}/{name}"
+    def _delete(self, plural: str, kind: str, namespace: str, name: str) -> None:
+        what = f"delete {kind} {namespace}/{name}"
         try:
             self._call(
                 what,
@@ -126,7 +170,7 @@ class KubeClient:
                 GROUP,
                 VERSION,
                 namespace,
-                PLURAL,
+                plural,
                 name,
                 propagation_policy="Foreground",
                 body=k8s.V1DeleteOptions(propagation_policy="Foreground"),

@@ -18,7 +18,7 @@ from kubernetes import client as k8s
 from .. import cluster_text
 from ..base import RAY_FAILED, RAY_TERMINAL, LaunchError, LaunchRequest, LogPart, RayJobState
 from .client import KubeClient
-from .manifest import rayjob_state, render_rayjob
+from .manifest import rayjob_state, render_raycluster, render_rayjob
 
 FOLLOW_POLL = 1.0
 
@@ -109,9 +109,67 @@ class KubeRayLauncher:
         return False
 
     def stop(self, handle: dict[str, Any]) -> None:
-        """Delete the RayJob, in the foreground (its RayCluster and submitter Job go with it).
-        Already gone is fine; another API error raises LaunchError."""
-        self._kube.delete_rayjob(handle["namespace"], handle["name"])
+        """Delete the RayJob, in the foreground (its RayCluster and submitter Job go with it),
+        and the warm RayCluster the handle names (``ray_cluster``: KubeRay deletes no cluster a
+        RayJob only selected). Already gone is fine; another API error raises LaunchError."""
+        if handle.get("name"):
+            self._kube.delete_rayjob(handle["namespace"], handle["name"])
+        if handle.get("ray_cluster"):
+            self._kube.delete_raycluster(handle["namespace"], handle["ray_cluster"])
+
+    # --- warm RayClusters (jobs/pool_targets.py) ---------------------------------------------
+
+    def start_warm(self, request: LaunchRequest) -> dict[str, Any]:
+        """Create a warm RayCluster of ``request``'s shape (see
+        :func:`.manifest.render_raycluster`); return its handle. One that exists with the same
+        labels (a start retried) is adopted; another raises LaunchError."""
+        manifest = render_raycluster(request)
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        self._kube.ensure_namespace(namespace, request.labels)
+        if not self._kube.create_raycluster(manifest):
+            existing = self._kube.get_raycluster(namespace, name) or {}
+            labels = (existing.get("metadata") or {}).get("labels") or {}
+            if any(labels.get(key) != value for key, value in request.labels.items()):
+                raise LaunchError(f"RayCluster {namespace}/{name} exists and is not this one")
+        return {"namespace": namespace, "ray_cluster": name, "submission_id": request.submission_id}
+
+    def bind_warm(self, handle: dict[str, Any], request: LaunchRequest) -> dict[str, Any] | None:
+        """Run ``request`` on the warm RayCluster of ``handle``: create its RayJob with
+        ``spec.clusterSelector`` naming it (a RayJob of this submission that exists already is
+        adopted). Returns the attempt's handle, which names both (stopping it deletes both);
+        None when the RayCluster is gone or being deleted (the caller drops it)."""
+        namespace, cluster = handle["namespace"], handle["ray_cluster"]
+        if not self.is_alive(handle):
+            return None
+        manifest = render_rayjob(request, ray_cluster=cluster)
+        if manifest["metadata"]["namespace"] != namespace:
+            raise LaunchError(f"RayCluster {namespace}/{cluster} is not in the job's namespace")
+        name = manifest["metadata"]["name"]
+        if not self._kube.create_rayjob(manifest):
+            self._check_ours(namespace, name, request.submission_id)
+        return {
+            "namespace": namespace,
+            "name": name,
+            "submission_id": request.submission_id,
+            "ray_cluster": cluster,
+        }
+
+    def is_alive(self, handle: dict[str, Any]) -> bool:
+        """The handle's warm RayCluster exists and is not being deleted."""
+        found = self._kube.get_raycluster(handle["namespace"], handle["ray_cluster"])
+        return found is not None and not (found.get("metadata") or {}).get("deletionTimestamp")
+
+    def find_warm(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The handles of the RayClusters in ``namespace`` that carry ``labels`` (a pool's),
+        each with its labels (``labels``) for the caller to match against its rows."""
+        return [
+            {
+                "namespace": namespace,
+                "ray_cluster": item["metadata"]["name"],
+                "labels": dict(item["metadata"].get("labels") or {}),
+            }
+            for item in self._kube.list_rayclusters(namespace, labels)
+        ]
 
     def find_started(self, request: LaunchRequest) -> list[dict[str, Any]]:
         """The request's RayJob, when it exists and carries its submission id: a RayJob is named

@@ -32,11 +32,17 @@ from .flavors import node_selector, place_gpu_pods
 GROUP = "ray.io"
 VERSION = "v1"
 PLURAL = "rayjobs"
+CLUSTER_PLURAL = "rayclusters"
+# KubeRay reads the RayCluster's name from this key of a RayJob's clusterSelector.
+CLUSTER_SELECTOR_KEY = "ray.io/cluster"
 
 DEFAULT_NAMESPACE_PATTERN = "manta-{workspace}"
 LABEL_ORG = "manta.dev/org"
 LABEL_WORKSPACE = "manta.dev/workspace"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "manta"}
+# On a warm RayCluster: its pool and its row (jobs.models.WarmPool / WarmCluster ids).
+LABEL_POOL = "manta.dev/warm-pool"
+LABEL_WARM = "manta.dev/warm-cluster"
 
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
@@ -74,36 +80,30 @@ _RAY_VERSION_TAG = re.compile(r"^v?(\d+\.\d+\.\d+)(?:[-_.+].*)?$")
 _INT32 = (-(2**31), 2**31 - 1)
 
 
-def render_rayjob(request: LaunchRequest) -> dict[str, Any]:
+def render_rayjob(request: LaunchRequest, *, ray_cluster: str | None = None) -> dict[str, Any]:
     """Render the ``ray.io/v1`` RayJob manifest for ``request``, as a JSON-able dict.
+
+    With ``ray_cluster`` (a warm RayCluster already running in the request's namespace) the
+    RayJob names it in ``spec.clusterSelector`` and carries no ``rayClusterSpec``: KubeRay
+    submits to that cluster and neither creates nor deletes it (the caller deletes it after the
+    attempt). KubeRay refuses ``backoffLimit`` > 0 in that mode, so a job that asks for retries
+    cannot run on one.
 
     Pure: no I/O. Raises :class:`LaunchError` when the request cannot become a RayJob the API
     server and KubeRay would accept (a bad name or namespace, an invalid label, a resource amount
     Kubernetes cannot express, inconsistent replica counts).
     """
     spec = request.spec
-    target = request.target_config
     name = request.cluster_name
     _check_rayjob_name(name)
     namespace = namespace_for(request)
     labels = _object_labels(request.labels)
-
-    image = spec.get("image")
-    if not isinstance(image, str) or not image:
-        raise LaunchError("spec.image is required")
+    image = _image(spec)
     entrypoint = spec.get("entrypoint")
     if not isinstance(entrypoint, str) or not entrypoint.strip():
         raise LaunchError("spec.entrypoint is required")
-
-    cluster_spec: dict[str, Any] = {}
-    ray_version = ray_version_from_image(image)
-    if ray_version:
-        cluster_spec["rayVersion"] = ray_version
-    cluster_spec["headGroupSpec"] = _head_group(spec.get("head") or {}, image, labels, target)
-    cluster_spec["workerGroupSpecs"] = _worker_groups(
-        spec.get("worker_groups") or [], image, labels
-    )
-    place_gpu_pods(cluster_spec, node_selector(request))
+    # Rendered even for a warm cluster: the request must be one a cold start would accept.
+    cluster_spec = render_cluster_spec(request)
 
     job_spec: dict[str, Any] = {"entrypoint": entrypoint}
     runtime_env = {k: v for k, v in (spec.get("runtime_env") or {}).items() if v}
@@ -135,7 +135,12 @@ def render_rayjob(request: LaunchRequest) -> dict[str, Any]:
         job_spec["activeDeadlineSeconds"] = _int(max_runtime, "max_runtime_seconds", minimum=1)
     job_spec["backoffLimit"] = _int(spec.get("max_retries") or 0, "max_retries", minimum=0)
     job_spec["jobId"] = request.submission_id
-    job_spec["rayClusterSpec"] = cluster_spec
+    if ray_cluster is None:
+        job_spec["rayClusterSpec"] = cluster_spec
+    elif job_spec["backoffLimit"]:
+        raise LaunchError("max_retries: KubeRay retries no job on a cluster it did not create")
+    else:
+        job_spec["clusterSelector"] = {CLUSTER_SELECTOR_KEY: ray_cluster}
 
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -143,6 +148,68 @@ def render_rayjob(request: LaunchRequest) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": job_spec,
     }
+
+
+def render_cluster_spec(request: LaunchRequest) -> dict[str, Any]:
+    """The RayCluster spec a RayJob of ``request`` has KubeRay create: the image, the head and
+    worker groups (requests == limits), the GPU pods on their flavor's nodes. Pure."""
+    spec = request.spec
+    image = _image(spec)
+    labels = _object_labels(request.labels)
+    cluster_spec: dict[str, Any] = {}
+    ray_version = ray_version_from_image(image)
+    if ray_version:
+        cluster_spec["rayVersion"] = ray_version
+    cluster_spec["headGroupSpec"] = _head_group(
+        spec.get("head") or {}, image, labels, request.target_config
+    )
+    cluster_spec["workerGroupSpecs"] = _worker_groups(
+        spec.get("worker_groups") or [], image, labels
+    )
+    place_gpu_pods(cluster_spec, node_selector(request))
+    return cluster_spec
+
+
+def render_raycluster(request: LaunchRequest) -> dict[str, Any]:
+    """A warm RayCluster (``ray.io/v1``) of ``request``'s shape, named ``request.cluster_name``
+    and labelled with ``request.labels`` (its pool's).
+
+    It is started before its tenant is known and waits in the namespace, so it has Ray's token
+    authentication on (``authOptions.mode: token``, KubeRay 1.5.1+ and Ray 2.52+): KubeRay
+    generates a Secret with a random token for this RayCluster alone, gives it to the
+    cluster's containers and to the submitter of the RayJob that selects it, and deletes it
+    with the cluster. No token is shared between clusters, and none passes through Manta.
+    An older KubeRay prunes the field (its CRD has no ``authOptions``); an older Ray ignores it.
+    """
+    _check_rayjob_name(request.cluster_name)
+    labels = _object_labels(request.labels)
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "RayCluster",
+        "metadata": {
+            "name": request.cluster_name,
+            "namespace": namespace_for(request),
+            "labels": labels,
+        },
+        "spec": {**render_cluster_spec(request), "authOptions": {"mode": "token"}},
+    }
+
+
+def cluster_shape(request: LaunchRequest) -> dict[str, Any]:
+    """What a warm RayCluster must be to serve ``request``: its namespace and the RayCluster
+    spec a cold start would create, pod labels left out (they name the job, or the pool)."""
+    cluster_spec = render_cluster_spec(request)
+    groups = [cluster_spec["headGroupSpec"], *cluster_spec["workerGroupSpecs"]]
+    for group in groups:
+        group["template"]["metadata"].pop("labels", None)
+    return {"namespace": namespace_for(request), "spec": cluster_spec}
+
+
+def _image(spec: Mapping[str, Any]) -> str:
+    image = spec.get("image")
+    if not isinstance(image, str) or not image:
+        raise LaunchError("spec.image is required")
+    return image
 
 
 def namespace_for(request: LaunchRequest) -> str:
