@@ -171,6 +171,7 @@ def through_manta(setup) -> dict[str, float]:
     attempt = JobAttempt.objects.get(job=job)
     while Job.objects.values_list("state", flat=True).get(pk=job.pk) == "running":
         time.sleep(0.2)  # let it finish and tear down before the next run
+
     def between(start, end) -> float:
         return (end - start).total_seconds() if start and end else float("nan")
 
