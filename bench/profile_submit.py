@@ -5,8 +5,12 @@ organisation, developer, token and template), after ``--warm`` submissions that 
     BENCH_SUBMIT_DB=… .venv/bin/python bench/profile_submit.py [--posts 200] [--top 40]
 
 Prints the mean wall time of a job POST and of the bare insert (bench/bare.py), each with the
-CPU time this process spent on it (Python: serialisers, the ORM, … but not PostgreSQL), then the top entries by cumulative time and by own time.
-``--out FILE`` also writes the raw profile (for pstats, snakeviz, …).
+CPU time this process spent on it (Python: serialisers, the ORM, … but not PostgreSQL), then the
+top entries by cumulative time and by own time. ``--out FILE`` also writes the raw profile (for
+pstats, snakeviz, …); ``--sampling`` profiles with pyinstrument instead (a call tree of wall
+time; PROFILE_SHOW_ALL=1 shows the libraries' frames too). Run it from the repository's root:
+run from bench/, Celery's Django fix-up puts bench/ first on the path, where bench/audit.py
+hides the audit app.
 """
 
 from __future__ import annotations
@@ -69,7 +73,8 @@ def main() -> None:
         for _ in range(options.posts):
             post()
         sampler.stop()
-        print(sampler.output_text(unicode=False, color=False, show_all=bool(os.environ.get("PROFILE_SHOW_ALL"))))
+        every_frame = bool(os.environ.get("PROFILE_SHOW_ALL"))  # the libraries' frames too
+        print(sampler.output_text(unicode=False, color=False, show_all=every_frame))
         return
     profile = cProfile.Profile()
     profile.enable()
