@@ -6,8 +6,8 @@ see the same machine, then each figure's median before and after and their ratio
     .venv/bin/python bench/compare.py --base <rev> dispatch.py --jobs 50
 
 The figures compared are the numbers a benchmark prints followed by a unit (``ms``, ``s``,
-``jobs/s``, ``req/s``), named by the text before them on their line; a ratio above 1 means the working
-tree takes longer (or, for ``jobs/s`` and ``req/s``, does less).
+``jobs/s``, ``req/s``), named by the text before them on their line; a ratio above 1 means the
+working tree takes longer (or, for ``jobs/s`` and ``req/s``, does less).
 """
 
 from __future__ import annotations
