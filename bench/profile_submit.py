@@ -22,7 +22,7 @@ import os
 import pstats
 import time
 
-from submit import set_up
+from submit import queue_in_bulk, set_up
 
 
 def main() -> None:
@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=20)
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--out", default="")
+    parser.add_argument("--queued", type=int, default=0, help="queue this many jobs first (COPY)")
     parser.add_argument(
         "--sampling",
         action="store_true",
@@ -39,6 +40,8 @@ def main() -> None:
     )
     options = parser.parse_args()
     _, world = set_up()
+    if options.queued:
+        queue_in_bulk(world, options.queued)
     from django.test import Client
 
     client = Client(HTTP_AUTHORIZATION=f"Bearer {world['token']}")
