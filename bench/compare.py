@@ -6,8 +6,8 @@ see the same machine, then each figure's median before and after and their ratio
     .venv/bin/python bench/compare.py --base <rev> dispatch.py --jobs 50
 
 The figures compared are the numbers a benchmark prints followed by a unit (``ms``, ``s``,
-``jobs/s``), named by the text before them on their line; a ratio above 1 means the working
-tree takes longer (or, for ``jobs/s``, does less).
+``jobs/s``, ``req/s``), named by the text before them on their line; a ratio above 1 means the
+working tree takes longer (or, for ``jobs/s`` and ``req/s``, does less).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FIGURE = re.compile(r"(?P<value>\d[\d,]*(?:\.\d+)?) ?(?P<unit>ms per job|jobs/s|ms|s)\b")
-HIGHER_IS_BETTER = {"jobs/s"}
+FIGURE = re.compile(r"(?P<value>\d[\d,]*(?:\.\d+)?) ?(?P<unit>ms per job|jobs/s|req/s|ms|s)\b")
+HIGHER_IS_BETTER = {"jobs/s", "req/s"}
 
 
 def figures(output: str) -> dict[str, tuple[float, str]]:

@@ -3,10 +3,13 @@ submissions per user and per workspace, code package uploads per user.
 
 DRF's ``SimpleRateThrottle`` over Django's default cache, which every API process shares (Redis in
 production, see ``CACHES`` in config/settings.py); rates come from
-``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` by scope. DRF reads a key's history, then writes it
-back: concurrent requests would each count against the history they read and slip past the
-limit, so each key's read and write happen under a lock (:func:`counted_alone`). A refused
-request answers 429 ``throttled`` with ``Retry-After`` (config/errors.py keeps DRF's header).
+``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` by scope. Each key holds the times of the requests
+counted in its window, newest first. On Redis the whole check (drop what left the window, refuse
+or count this request) is one Lua script: atomic in Redis, and one round trip per throttle. On
+other caches DRF reads the history, then writes it back: concurrent requests would each count
+against the history they read and slip past the limit, so each key's read and write happen under
+a lock (:func:`counted_alone`). A refused request answers 429 ``throttled`` with ``Retry-After``
+(config/errors.py keeps DRF's header).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from django.core.cache import DEFAULT_CACHE_ALIAS, caches
 from django.core.cache.backends.base import BaseCache
 from django.core.cache.backends.filebased import FileBasedCache
 from django.core.cache.backends.redis import RedisCache
@@ -68,25 +72,39 @@ def client_address(ident: str | None) -> str:
     return str(address)
 
 
-LOCK_SECONDS = 5  # a lock outlives a process that died holding it by this much at most
 FILE_LOCK_STRIPES = 64  # lock files of the file cache: keys share them, a bounded number
 _in_process = threading.Lock()
+
+# The check on Redis, in one atomic step. KEYS[1]: the key's list of request times, newest
+# first; ARGV: now, the window in seconds, the number of requests it allows. Drops the times
+# that left the window (the oldest are at the tail); when the window is full, answers the
+# num_requests-th newest time (when the next request will be allowed follows from it);
+# otherwise counts this request and keeps the list for one window. The same steps as DRF's.
+SLIDING_WINDOW = """
+local key, now = KEYS[1], tonumber(ARGV[1])
+local duration, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+local oldest = redis.call('LINDEX', key, -1)
+while oldest and tonumber(oldest) <= now - duration do
+  redis.call('RPOP', key)
+  oldest = redis.call('LINDEX', key, -1)
+end
+if redis.call('LLEN', key) >= limit then
+  return redis.call('LINDEX', key, limit - 1)
+end
+redis.call('LPUSH', key, ARGV[1])
+redis.call('EXPIRE', key, duration)
+return false
+"""
+# Beside the key DRF's pickled history used, so a value left by an older release is no list.
+REDIS_KEY_SUFFIX = ":window"
 
 
 @contextlib.contextmanager
 def counted_alone(cache: BaseCache, key: str) -> Iterator[None]:
-    """Hold ``key``'s throttle lock, across every process sharing ``cache``: a Redis lock beside
-    the key, an flock on one of the file cache's lock files, or (a per-process cache) a thread
-    lock. A Redis lock not got within ``LOCK_SECONDS`` raises a RedisError (the throttle then
-    lets the request by, as for any cache outage)."""
-    if isinstance(cache, RedisCache):
-        client = cache._cache.get_client(key, write=True)
-        lock = client.lock(
-            f"{cache.make_key(key)}:lock", timeout=LOCK_SECONDS, blocking_timeout=LOCK_SECONDS
-        )
-        with lock:
-            yield
-    elif isinstance(cache, FileBasedCache):
+    """Hold ``key``'s throttle lock, across every process sharing ``cache``: an flock on one of
+    the file cache's lock files, or (a per-process cache) a thread lock. (Redis needs none: its
+    check is one script.)"""
+    if isinstance(cache, FileBasedCache):
         stripe = int(hashlib.sha256(key.encode()).hexdigest(), 16) % FILE_LOCK_STRIPES
         path = Path(cache._dir) / f"throttle-{stripe}.lock"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -112,14 +130,23 @@ class RateThrottle(SimpleRateThrottle):
     def parse_rate(self, rate: str | None) -> tuple[int | None, int | None]:
         return (None, None) if rate is None else parse_rate(rate)
 
+    @property
+    def cache(self) -> BaseCache:
+        # The backend itself: DRF's ``cache`` is Django's proxy to it, which isinstance() does
+        # not see through (the lock a backend needs is chosen by its class).
+        return caches[DEFAULT_CACHE_ALIAS]
+
     def allow_request(self, request, view) -> bool:
         if self.rate is None:
             return True
         key = self.get_cache_key(request, view)
         if key is None:
             return True
+        cache = self.cache
         try:
-            with counted_alone(self.cache, key):
+            if isinstance(cache, RedisCache):
+                return self.allow_in_redis(cache, key)
+            with counted_alone(cache, key):
                 return super().allow_request(request, view)
         except (RedisError, DatabaseError, OSError):
             # Login and submission matter more than their limits while the cache is away.
@@ -128,12 +155,29 @@ class RateThrottle(SimpleRateThrottle):
             )
             return True
 
+    def allow_in_redis(self, cache: RedisCache, key: str) -> bool:
+        """DRF's check as one script (:data:`SLIDING_WINDOW`) on the key's Redis server."""
+        self.now = self.timer()
+        client = cache._cache.get_client(key, write=True)
+        refused_at = client.register_script(SLIDING_WINDOW)(
+            keys=[cache.make_and_validate_key(key) + REDIS_KEY_SUFFIX],
+            args=[repr(self.now), self.duration, self.num_requests],
+        )
+        if refused_at is None:
+            return True
+        self.oldest_counted = float(refused_at)
+        return False
+
+    def throttle_failure(self) -> bool:
+        # Refused: the history holds at least num_requests entries, newest first. The next
+        # request is allowed when the num_requests-th newest has aged out of the window.
+        self.oldest_counted = self.history[self.num_requests - 1]
+        return False
+
     def wait(self) -> float:
-        # Refused: the history holds at least num_requests entries, newest first. The next request
-        # is allowed when the num_requests-th newest has aged out of the window. (DRF's own answer
-        # is None when the history holds more, e.g. after a rate was lowered: no Retry-After.)
-        oldest_counted = self.history[self.num_requests - 1]
-        return max(1.0, self.duration - (self.now - oldest_counted))
+        # (DRF's own answer is None when the history holds more than num_requests, e.g. after a
+        # rate was lowered: no Retry-After.)
+        return max(1.0, self.duration - (self.now - self.oldest_counted))
 
 
 class LoginIPThrottle(RateThrottle):

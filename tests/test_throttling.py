@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import logging
+import multiprocessing
 import subprocess
 import sys
 import threading
@@ -355,10 +356,10 @@ def test_the_counts_live_in_the_shared_redis(world, rates, clock, redis_cache):
         "scope": "login_account",
         "ident": throttles.digest("dev@acme.test"),
     }
-    stored = cache.make_and_validate_key(key)
+    stored = cache.make_and_validate_key(key) + throttles.REDIS_KEY_SUFFIX
     assert redis_cache.exists(stored)
     assert 0 < redis_cache.ttl(stored) <= 60
-    assert len(cache.get(key)) == 2
+    assert [float(t) for t in redis_cache.lrange(stored, 0, -1)] == [clock.now] * 2
     # another process (a second gunicorn worker) sees the same count
     cache.close()
     assert_throttled(login(password=PASSWORD))
@@ -468,3 +469,35 @@ def test_concurrent_requests_never_slip_past_the_limit(rates, backend, request):
     for thread in threads:
         thread.join()
     assert allowed.count(True) == 10, allowed.count(True)
+
+
+def _five_requests(start, allowed) -> None:
+    """One API process: five login attempts from one address, once every process is ready."""
+    from django.test import RequestFactory
+
+    start.wait()
+    for _ in range(5):
+        incoming = RequestFactory().post(TOKENS, REMOTE_ADDR="198.51.100.7")
+        if throttles.LoginIPThrottle().allow_request(incoming, None):
+            with allowed.get_lock():
+                allowed.value += 1
+
+
+@pytest.mark.parametrize("backend", ["redis_cache", "file_cache"])
+def test_concurrent_processes_never_slip_past_the_limit(rates, backend, request):
+    """Four processes at once (the API's gunicorn workers), five requests each, against a limit
+    of ten: exactly ten pass. Each process has its own thread lock: only the cache's own
+    atomicity (Redis's script, the file cache's flock) keeps them from counting against
+    histories they read at the same time."""
+    request.getfixturevalue(backend)
+    rates(login_ip="10/min")
+    cache.close()  # each child opens its own connection
+    fork = multiprocessing.get_context("fork")
+    start, allowed = fork.Barrier(4), fork.Value("i", 0)
+    children = [fork.Process(target=_five_requests, args=(start, allowed)) for _ in range(4)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(timeout=60)
+        assert child.exitcode == 0
+    assert allowed.value == 10

@@ -1,6 +1,7 @@
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
+from config.serializers import FieldsBuiltOnceMixin
 from config.strict import StrictSerializer
 from jobs import spec as job_spec
 from jobs.api import dashboard, examples
@@ -131,7 +132,7 @@ def _seconds(start, end) -> float | None:
     return round((end - start).total_seconds(), 3) if start and end else None
 
 
-class AttemptOutput(serializers.ModelSerializer):
+class AttemptOutput(FieldsBuiltOnceMixin, serializers.ModelSerializer):
     submission_id = serializers.CharField(help_text="The Ray job's submission_id")
     compute_target = serializers.CharField(source="target_name")
     phases = serializers.SerializerMethodField(help_text="Seconds spent in each phase")
@@ -278,7 +279,7 @@ class QueueOutput(serializers.Serializer):
 
 
 @extend_schema_serializer(examples=examples.JOB_OUTPUT)
-class JobOutput(serializers.ModelSerializer):
+class JobOutput(FieldsBuiltOnceMixin, serializers.ModelSerializer):
     requested = ResourcesOutput()
     spec = serializers.JSONField()
     overrides = serializers.JSONField()

@@ -1,7 +1,6 @@
 """Template and job endpoints. Views only translate: parse, call one service, render."""
 
 import django_filters
-from django.db.models import Prefetch, prefetch_related_objects
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import exceptions, status
@@ -14,7 +13,7 @@ from config.throttles import SubmitUserThrottle, SubmitWorkspaceThrottle, Thrott
 from jobs import launch_requests, prediction, selectors, services
 from jobs import logs as driver_logs
 from jobs.launchers.base import LaunchError
-from jobs.models import Job, JobAttempt, JobState, JobTemplate
+from jobs.models import Job, JobState, JobTemplate
 from jobs.spec import SPEC_FIELDS
 from workspaces import roles
 from workspaces.api.idempotency import IDEMPOTENCY_KEY, idempotent
@@ -238,7 +237,7 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
         job = services.job_submit(actor=self.actor, **self._submission(request))
         # Rendered from the rows the submission holds (a new job has no attempts), without
         # reading it back; its place in the queue only when asked for (a count over the queue).
-        prefetch_related_objects([job], Prefetch("attempts", queryset=JobAttempt.objects.none()))
+        selectors.known_to_have_no_attempts(job)
         body = s.JobOutput(job, context={"explain": explain}).data
         return Response(body, status=status.HTTP_201_CREATED)
 

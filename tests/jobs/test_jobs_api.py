@@ -1,8 +1,12 @@
 import pytest
+from rest_framework.serializers import ModelSerializer
 
 from audit.models import AuditEvent
+from jobs import selectors
+from jobs.api import serializers as s
 from jobs.models import Job
 from outbox.models import DomainEvent
+from tests.factories import JobAttemptFactory
 from tests.jobs.conftest import submit
 
 JOBS = "/api/v1/orgs/acme/workspaces/ml/jobs/"
@@ -275,3 +279,42 @@ def test_an_unknown_include_is_refused_naming_it(world, template):
     assert response.status_code == 400
     assert "include" in response.json()["errors"]
     assert Job.objects.count() == before
+
+
+class PlainJobOutput(s.JobOutput):
+    """JobOutput with DRF's own field building, for every instance."""
+
+    def get_fields(self):
+        return ModelSerializer.get_fields(self)
+
+
+def test_a_job_renders_as_drf_builds_it_with_fields_built_once(world, template):
+    """JobOutput and AttemptOutput build their fields once per process and copy them: the
+    answer is what DRF's per-instance building gives, and no two renderings share a field."""
+    job = JobAttemptFactory(job__workspace=world.ws, job__template_version=template.versions.get())
+    job = JobAttemptFactory(job=job.job, number=2, gpu_flavor="a100").job
+    read = Job.objects.select_related("submitted_by", "template_version__template")
+    for _ in range(2):  # the second from the fields the first built
+        rendered = s.JobOutput(read.prefetch_related("attempts").get(pk=job.pk)).data
+        plain = PlainJobOutput(read.prefetch_related("attempts").get(pk=job.pk)).data
+        assert rendered == plain
+    assert [a["number"] for a in rendered["attempts"]] == [1, 2]
+    assert rendered["gpu_flavor"] == "a100"
+    first, second = s.JobOutput(job), s.JobOutput(job)
+    assert first.fields["name"] is not second.fields["name"]
+    assert first.fields["name"].parent is first and second.fields["name"].parent is second
+
+
+def test_a_new_job_renders_its_no_attempts_without_a_query(
+    world, template, django_assert_num_queries
+):
+    job = submit(world, template)
+    marked = selectors.known_to_have_no_attempts(
+        Job.objects.select_related("submitted_by", "template_version__template").get(pk=job.pk)
+    )
+    with django_assert_num_queries(0):
+        rendered = s.JobOutput(marked).data
+    prefetched = Job.objects.select_related("submitted_by", "template_version__template")
+    prefetched = prefetched.prefetch_related("attempts").get(pk=job.pk)
+    assert rendered == PlainJobOutput(prefetched).data
+    assert rendered["attempts"] == [] and rendered["gpu_flavor"] is None

@@ -1,0 +1,97 @@
+"""Where a job POST's time goes: cProfile over ``--posts`` submissions through Django's test
+client, under the submit benchmark's settings and world (bench/submit.py: DEBUG off, the same
+organisation, developer, token and template), after ``--warm`` submissions that are not counted.
+
+    BENCH_SUBMIT_DB=… .venv/bin/python bench/profile_submit.py [--posts 200] [--top 40]
+
+Prints the mean wall time of a job POST and of the bare insert (bench/bare.py), each with the
+CPU time this process spent on it (Python: serialisers, the ORM, … but not PostgreSQL), then the
+top entries by cumulative time and by own time. ``--out FILE`` also writes the raw profile (for
+pstats, snakeviz, …); ``--sampling`` profiles with pyinstrument instead (a call tree of wall
+time; PROFILE_SHOW_ALL=1 shows the libraries' frames too). Run it from the repository's root:
+run from bench/, Celery's Django fix-up puts bench/ first on the path, where bench/audit.py
+hides the audit app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import time
+
+from submit import queue_in_bulk, set_up
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--posts", type=int, default=200)
+    parser.add_argument("--means-only", action="store_true", help="no profile, the means only")
+    parser.add_argument("--warm", type=int, default=20)
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--out", default="")
+    parser.add_argument("--queued", type=int, default=0, help="queue this many jobs first (COPY)")
+    parser.add_argument(
+        "--sampling",
+        action="store_true",
+        help="profile with pyinstrument (a sampling profiler: no per-call overhead, so the "
+        "ORM's many small calls are not inflated) instead of cProfile; it must be importable",
+    )
+    options = parser.parse_args()
+    _, world = set_up()
+    if options.queued:
+        queue_in_bulk(world, options.queued)
+    from django.test import Client
+
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {world['token']}")
+
+    def post(path: str = world["path"], body: dict = world["job_body"]) -> None:
+        response = client.post(path, body, content_type="application/json")
+        assert response.status_code == 201, response.content
+
+    def timed(path: str, body: dict) -> tuple[float, float]:
+        """Mean wall and CPU (this process: Python, not the database) ms of a POST."""
+        for _ in range(options.warm):
+            post(path, body)
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(options.posts):
+            post(path, body)
+        spent = time.perf_counter() - wall, time.process_time() - cpu
+        return spent[0] / options.posts * 1000, spent[1] / options.posts * 1000
+
+    bare = timed("/bench/bare/", world["bare_body"])
+    job = timed(world["path"], world["job_body"])
+    print(
+        f"mean of {options.posts}, not profiled: job POST {job[0]:.2f} ms ({job[1]:.2f} ms CPU "
+        f"here), bare DRF insert {bare[0]:.2f} ms ({bare[1]:.2f} ms CPU here)"
+    )
+    if options.means_only:
+        return
+    if options.sampling:
+        from pyinstrument import Profiler
+
+        sampler = Profiler(interval=0.0005)
+        sampler.start()
+        for _ in range(options.posts):
+            post()
+        sampler.stop()
+        every_frame = bool(os.environ.get("PROFILE_SHOW_ALL"))  # the libraries' frames too
+        print(sampler.output_text(unicode=False, color=False, show_all=every_frame))
+        return
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(options.posts):
+        post()
+    profile.disable()
+    if options.out:
+        profile.dump_stats(options.out)
+    for order in ("cumulative", "tottime"):
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats(order).print_stats(options.top)
+        print(text.getvalue())
+
+
+if __name__ == "__main__":
+    main()
