@@ -27,6 +27,7 @@ class WarmPoolCreateInput(StrictSerializer):
     workspace = serializers.CharField(
         max_length=64,
         required=False,
+        allow_blank=True,
         default="",
         help_text="kuberay: the workspace whose namespace (the target's namespace_pattern) the "
         "pool's RayClusters live in; its jobs, and those of workspaces of the same namespace, "
@@ -35,6 +36,7 @@ class WarmPoolCreateInput(StrictSerializer):
     gpu_flavor = serializers.CharField(
         max_length=32,
         required=False,
+        allow_blank=True,
         default="",
         help_text="kuberay: the GPU flavor whose nodes the pool's GPU pods go to",
     )
