@@ -250,8 +250,8 @@ class FlavorBook:
             if limit is None:
                 continue
             total = self._child_eff[node][flavor] + grow
-            if grow > EPSILON and total > limit + EPSILON:
-                kept = max(0.0, total - held - need)
+            kept = max(0.0, total - held - need)
+            if grow > EPSILON and total > limit + EPSILON and kept > EPSILON:
                 yield (
                     node,
                     (
