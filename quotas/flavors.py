@@ -9,10 +9,10 @@ Each workspace launches on one :class:`Pool` of GPUs: the local host's typed inv
 by every organisation), or a compute target's declared flavors. A claim names the flavors it
 accepts, in order of preference (none: any flavor of its pool, in the pool's order); admission
 takes the first that fits (Kueue's flavor fungibility) and records it on the reservation. A
-flavor fits when it stays within, for that flavor: the workspace's limit, the organisation's
-capacity less what it guarantees to other workspaces and they do not use, and the pool's
-capacity. Guarantees per flavor are held back rather than lent: flavors are not preempted
-(yet), so a guarantee lent out would not come back.
+flavor fits when it stays within, for that flavor: the workspace's limit and budget, the limit
+of every quota group above it and the organisation's capacity (with the quota tree's lending
+arithmetic, per flavor: :class:`FlavorBook`), and the pool's capacity. Preemption asks it which
+flavor a claim is owed and who borrows it (``quotas.ledger.victims_for``).
 """
 
 from __future__ import annotations
