@@ -7,6 +7,11 @@ quota tree: the organisation → 2 divisions (each guaranteed 500, limit 600) �
 (guaranteed 100, limit 120) → 10 workspaces each, so every admission checks the limits of a
 team, a division and the organisation, and fair share orders by the path's keys; ``--shape
 flat`` puts the 100 workspaces directly under the organisation, as before the tree.
+``--shape tree-flavors`` is the tree with GPU flavors: the host has 500 h100 and 500 a100, every
+job asks for 1 CPU and 1 GPU of its workspace's flavor (h100 for even workspaces, a100 for odd),
+and the organisation, each division and each team have the same guarantees and limits per
+flavor as in CPUs, halved (each workspace guaranteed 10 of its flavor), so every admission also
+checks a team's, a division's and the organisation's flavor limits, with their ``Σ eff``.
 
 Between timed passes the admitted jobs are finished (state and reservations updated in bulk,
 untimed). Queued jobs are written in bulk by the set-up, not through the submission API: only
@@ -14,7 +19,7 @@ admission is measured — the pass that picks jobs, writes their
 reservations, moves them to ``launching`` with a timeline event, an audit event and an outbox row
 each, creates their attempts and sends their launch tasks to Redis.
 
-    .venv/bin/python bench/admission.py [--admit 10000] [--shape tree|flat]
+    .venv/bin/python bench/admission.py [--admit 10000] [--shape tree|flat|tree-flavors]
     .venv/bin/python bench/admission.py --versus [--rounds 12]
 
 Prints jobs admitted per second with 10,000 and with 100,000 jobs queued, the cost per admitted
@@ -36,14 +41,33 @@ CAPACITY = 1000
 DIVISIONS, TEAMS = 2, 5  # per division: 10 workspaces per team
 
 
-def tree(org) -> list:
+FLAVORS = ("h100", "a100")
+
+
+def per_flavor(guaranteed: float, limit: float, gpus: bool) -> dict:
+    """A group's GPU quota in ``--shape tree-flavors``: half of its CPU quota per flavor."""
+    if not gpus:
+        return {}
+    half = {"guaranteed": guaranteed / 2, "limit": limit / 2}
+    return {
+        "guaranteed_gpu": guaranteed,
+        "limit_gpu": limit,
+        "gpu_flavors": {name: dict(half) for name in FLAVORS},
+    }
+
+
+def tree(org, gpus: bool = False) -> list:
     """The quota groups of ``--shape tree``: each workspace's team, in workspace order."""
     from quotas.models import QuotaGroup
 
     teams = []
     for d in range(DIVISIONS):
         division = QuotaGroup.objects.create(
-            organization=org, name=f"div{d}", guaranteed_cpu=500, limit_cpu=600
+            organization=org,
+            name=f"div{d}",
+            guaranteed_cpu=500,
+            limit_cpu=600,
+            **per_flavor(500, 600, gpus),
         )
         for t in range(TEAMS):
             teams.append(
@@ -53,6 +77,7 @@ def tree(org) -> list:
                     parent=division,
                     guaranteed_cpu=100,
                     limit_cpu=120,
+                    **per_flavor(100, 120, gpus),
                 )
             )
     per_team = WORKSPACES // len(teams)
@@ -71,18 +96,25 @@ def build(queued: int, shape: str = "flat"):
     system = Actor.system("bench")
     slug = f"org{queued}"
     org, owner = services.org_create(actor=system, slug=slug, name="", owner_email=f"o@{slug}.t")
-    OrgQuota.objects.create(organization=org, cpu=CAPACITY, policy="fair_share")
+    gpus = shape == "tree-flavors"
+    flavored = {"gpu": CAPACITY, "gpu_flavors": dict.fromkeys(FLAVORS, CAPACITY / 2)}
+    OrgQuota.objects.create(
+        organization=org, cpu=CAPACITY, policy="fair_share", **(flavored if gpus else {})
+    )
     spec = {
         "image": "rayproject/ray:2.60.0",
         "entrypoint": "python -V",
         "head": {"cpu": 1, "memory_gb": 0, "gpu": 0},
     }
     versions = []
-    groups = tree(org) if shape == "tree" else [None] * WORKSPACES
+    groups = tree(org, gpus) if shape.startswith("tree") else [None] * WORKSPACES
     for index in range(WORKSPACES):
         ws = services.workspace_create(actor=system, organization=org, slug=f"w{index}")
+        share = CAPACITY / WORKSPACES
+        quota = {"guaranteed_gpu": share, "gpu_flavors": {FLAVORS[index % 2]: {"guaranteed": share,
+                 "limit": None}}} if gpus else {}  # fmt: skip
         WorkspaceQuota.objects.create(
-            workspace=ws, guaranteed_cpu=CAPACITY / WORKSPACES, group=groups[index]
+            workspace=ws, guaranteed_cpu=share, group=groups[index], **quota
         )
         template = job_services.template_create(actor=system, workspace=ws, name="t", spec=spec)
         versions.append((ws, template))
@@ -97,6 +129,7 @@ def build(queued: int, shape: str = "flat"):
         "ttl_seconds_after_finished": 300,
     }
     batch = []
+    specs = [{**resolved, "gpu_flavor": [name]} for name in FLAVORS] if gpus else [resolved] * 2
     for n in range(queued):
         ws, version = versions[n % WORKSPACES]
         batch.append(
@@ -106,10 +139,10 @@ def build(queued: int, shape: str = "flat"):
                 template_version=version,
                 name="b",
                 state=JobState.QUEUED,
-                spec=resolved,
+                spec=specs[n % WORKSPACES % 2],
                 requested_cpu=1,
                 requested_memory_gb=0,
-                requested_gpu=0,
+                requested_gpu=1 if gpus else 0,
                 priority=5,
                 submitted_by=owner,
                 queued_at=start + timezone.timedelta(microseconds=n),
@@ -173,12 +206,17 @@ def versus(rounds: int) -> None:
 
 
 SHAPES = ("flat", "tree")
+# --shape tree-flavors: the host's 1,000 GPUs, 500 of each flavor.
+INVENTORY = ";".join(
+    f"{name}:{','.join(str(i) for i in range(n * 500, n * 500 + 500))}"
+    for n, name in enumerate(FLAVORS)
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--admit", type=int, default=10_000)
-    parser.add_argument("--shape", choices=["tree", "flat"], default="tree")
+    parser.add_argument("--shape", choices=["tree", "flat", "tree-flavors"], default="tree")
     parser.add_argument("--versus", action="store_true", help="tree against flat, alternated")
     parser.add_argument("--rounds", type=int, default=12)
     args = parser.parse_args()
@@ -187,6 +225,7 @@ def main() -> None:
         f"manta_bench_admission_{'versus' if args.versus else args.shape}",
         LOG_LEVEL="ERROR",
         MANTA_LOCAL_CAPACITY="cpu=1000000,memory_gb=1000000,gpu=1000000",
+        **({"MANTA_LOCAL_GPUS": INVENTORY} if args.shape == "tree-flavors" else {}),
     )
     import redis
 

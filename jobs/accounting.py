@@ -86,7 +86,7 @@ def usage(workspace) -> dict[str, Any]:
 
 def _flavor_usage(workspace, quota: WorkspaceQuota, period: dt.datetime) -> dict[str, Any]:
     """Per typed GPU flavor the workspace has a quota of, holds or used this period: what it
-    holds, its guarantee and limit, and its GPU-hours this period."""
+    holds, its guarantee and limit, its GPU-hours this period and its budget of them."""
     held = quota_selectors.reserved_by_flavor(workspace)
     used = gpu_hours_by_flavor(workspace, period)
     flavors = sorted({*quota.gpu_flavors, *held, *used} - {""})
@@ -96,6 +96,7 @@ def _flavor_usage(workspace, quota: WorkspaceQuota, period: dt.datetime) -> dict
             "guaranteed": (quota.gpu_flavors.get(flavor) or {}).get("guaranteed", 0.0),
             "limit": (quota.gpu_flavors.get(flavor) or {}).get("limit"),
             "gpu_hours_this_month": used.get(flavor, 0.0),
+            "gpu_hours_per_month": (quota.gpu_flavors.get(flavor) or {}).get("gpu_hours_per_month"),
         }
         for flavor in flavors
     }
@@ -111,20 +112,32 @@ def preempted_gpu_hours(workspace, since: dt.datetime) -> float:
 
 
 def budget_alerts() -> int:
-    """Emit ``quota.threshold_reached`` once per workspace, month and threshold crossed."""
+    """Emit ``quota.threshold_reached`` once per workspace, budget (the total, and each
+    flavor's), month and threshold crossed."""
     period = month_start(timezone.now())
     sent = 0
-    budgets = WorkspaceQuota.objects.filter(gpu_hours_per_month__gt=0).select_related(
-        "workspace__organization"
-    )
+    budgets = WorkspaceQuota.objects.filter(
+        Q(gpu_hours_per_month__gt=0) | ~Q(gpu_flavors={})
+    ).select_related("workspace__organization")
     for quota in budgets:
-        used = gpu_hours(quota.workspace, period)
-        percent = used / quota.gpu_hours_per_month * 100
-        for threshold in THRESHOLDS:
-            if percent >= threshold:
-                sent += quota_services.budget_alert_record(
-                    quota, threshold=threshold, used=used, period=period
-                )
+        flavored = {
+            flavor: q["gpu_hours_per_month"]
+            for flavor, q in (quota.gpu_flavors or {}).items()
+            if (q or {}).get("gpu_hours_per_month")
+        }
+        if not flavored and not quota.gpu_hours_per_month:
+            continue
+        by_flavor = gpu_hours_by_flavor(quota.workspace, period)
+        spent = {"": round(sum(by_flavor.values()), 4)} if quota.gpu_hours_per_month else {}
+        spent.update({flavor: by_flavor.get(flavor, 0.0) for flavor in flavored})
+        limits = {"": quota.gpu_hours_per_month, **flavored}
+        for flavor, used in spent.items():
+            percent = used / limits[flavor] * 100
+            for threshold in THRESHOLDS:
+                if percent >= threshold:
+                    sent += quota_services.budget_alert_record(
+                        quota, threshold=threshold, used=used, period=period, gpu_flavor=flavor
+                    )
     return sent
 
 

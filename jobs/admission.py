@@ -35,7 +35,7 @@ from quotas.models import RESOURCES, AdmissionRequests, QueuePolicy
 from workspaces.models import Organization
 
 from . import dispatch
-from .accounting import gpu_hours
+from .accounting import gpu_hours, gpu_hours_by_flavor
 from .attempts import attempts_create, attempts_preempt
 from .fair_tree import plan_fair_tree
 from .gpu_pools import gpu_pools
@@ -79,6 +79,7 @@ def ledger_for(organization_id: int, on_host: set[int] | None = None) -> Ledger:
         host_capacity=host_capacity,
         gpu_hours_used=lambda quota: gpu_hours(quota.workspace, period),
         gpu_pools=lambda: gpu_pools(organization_id, on_host),
+        flavor_hours_used=lambda quota: gpu_hours_by_flavor(quota.workspace, period),
     )
 
 

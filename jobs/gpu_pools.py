@@ -10,8 +10,8 @@ from typing import Any
 
 from config.errors import InvalidInput
 from config.gpu_flavors import UNTYPED
-from quotas.flavors import UNTYPED_POOL, FlavorBook, Pool
-from quotas.models import OrgQuota, WorkspaceQuota
+from quotas.flavors import UNTYPED_POOL, FlavorBook, Pool, StaticPaths
+from quotas.models import OrgQuota, QuotaGroup, WorkspaceQuota
 from workspaces.models import ComputeTarget, ComputeTargetKind, Workspace
 
 from .local_host import HOST, compute_target_of, gpu_flavor_inventory, workspaces_on_host
@@ -77,19 +77,44 @@ def check_flavors(
     ws_q: WorkspaceQuota,
     *,
     on_host: bool,
-) -> None:
+    above: list[QuotaGroup] = (),
+) -> tuple[FlavorBook, SubmittedClaim]:
     """Refuse a GPU job none of whose acceptable flavors could ever fit: its target has none
-    of them, or it needs more of each than a limit or capacity of that flavor allows."""
-    claim = SubmittedClaim(workspace.pk, requested, tuple(spec.get("gpu_flavor") or ()))
+    of them, or it needs more of each than a limit or capacity of that flavor allows (the
+    workspace's, a quota group's above it (``above``, nearest first), the organisation's).
+    Returns the book and the claim, for :func:`flavor_budget_overrun`."""
+    claim = SubmittedClaim(
+        workspace.pk,
+        requested,
+        tuple(spec.get("gpu_flavor") or ()),
+        max_runtime_seconds=spec.get("max_runtime_seconds") or 0,
+    )
     book = FlavorBook(
         org_capacity=dict(org_q.gpu_flavors or {}),
         ws_quotas={workspace.pk: dict(ws_q.gpu_flavors or {})},
         pools={workspace.pk: gpu_pool_of(workspace, on_host=on_host)},
+        groups={group.pk: group for group in above},
+        tree=StaticPaths({workspace.pk: tuple(group.pk for group in above)}),
     )
     reasons = [book.never_fits(claim, flavor) for flavor in book.candidates(claim)]
     if all(reasons):
         field = "gpu_flavor" if claim.gpu_flavors else "requested.gpu"
         raise InvalidInput.on(field, "; ".join(reasons))
+    return book, claim
+
+
+def flavor_budget_overrun(book: FlavorBook, claim: SubmittedClaim) -> str:
+    """Why every flavor the submitted job could run on is over its workspace's budget of it
+    ('' when one is within its budget, or has none)."""
+    reasons = []
+    for flavor in book.candidates(claim):
+        if book.never_fits(claim, flavor):
+            continue
+        reason = book.over_budget(claim, flavor)
+        if not reason:
+            return ""
+        reasons.append(reason)
+    return "; ".join(reasons)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,3 +125,4 @@ class SubmittedClaim:
     requested: dict[str, float]
     gpu_flavors: tuple[str, ...]
     pk: int = 0
+    max_runtime_seconds: int = 0

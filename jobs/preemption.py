@@ -116,6 +116,8 @@ def plan_preemptions(
     job that fits once they are gone preempts nobody more and waits (it is held in ``ledger``,
     so a second workspace does not count the same capacity). A job within its minimum runtime
     (:meth:`~quotas.ledger.Held.protected`) is never a victim: others may be chosen instead.
+    A job short of a GPU flavor it is guaranteed (at a group or the organisation) takes only
+    jobs that hold that flavor and borrow it (``quotas.ledger.victims_for``).
     ``ledger`` is updated as if every victim had left and every planned job were admitted."""
     preemptions: list[Preemption] = []
     if not ledger.anyone_borrowing():
@@ -127,7 +129,7 @@ def plan_preemptions(
         job = queued.filter(workspace_id=workspace_id).select_related("workspace").first()
         if job is None or not ledger.within_guarantee(job) or ledger.workspace_blocker(job):
             continue
-        if not ledger.org_blocker(job):
+        if not ledger.reclaimable_blocker(job):
             if candidates is not None:
                 ledger.hold(job)  # it fits in what is leaving: nobody else counts that
             continue  # it fits without anyone else leaving (or the policy held it back)
@@ -138,7 +140,7 @@ def plan_preemptions(
                     ledger.hold(held, -1)  # on its way out already
                 elif not held.protected(now):
                     candidates.append(held)
-            if not ledger.org_blocker(job):
+            if not ledger.reclaimable_blocker(job):
                 ledger.hold(job)  # room once the leaving jobs are gone: it waits for them
                 continue
         victims = victims_for(ledger, job, candidates)

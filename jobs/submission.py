@@ -13,8 +13,8 @@ from quotas import selectors as quota_selectors
 from quotas.ledger import budget_overrun, month_start
 from quotas.models import RESOURCES
 
-from .accounting import gpu_hours
-from .gpu_pools import check_flavors
+from .accounting import gpu_hours, gpu_hours_by_flavor
+from .gpu_pools import check_flavors, flavor_budget_overrun
 from .models import Job, JobState
 
 
@@ -35,8 +35,9 @@ def check_submission(
 ) -> None:
     """Refuse a job that can never run here (over its workspace's limit, a limit of a quota
     group above it, its organisation's capacity, or the capacity of the host it launches on),
-    one the workspace's queue has no room for, or one over the GPU budget when the workspace
-    refuses those (otherwise it waits for next month)."""
+    one the workspace's queue has no room for, or one over the GPU budget (in all, or of every
+    flavor it could run on) when the workspace refuses those (otherwise it waits for next
+    month)."""
     org_q = quota_selectors.org_quota(workspace.organization)  # unlimited when unset
     ws_q = quota_selectors.workspace_quota(workspace)
     above = quota_selectors.groups_above(ws_q)
@@ -55,7 +56,18 @@ def check_submission(
                     f"this job needs {need:g} {name}; {what} {ceiling:g}, so it could never run",
                 )
     if requested["gpu"]:
-        check_flavors(workspace, requested, spec, org_q, ws_q, on_host=host_capacity is not None)
+        book, claim = check_flavors(
+            workspace, requested, spec, org_q, ws_q, on_host=host_capacity is not None, above=above
+        )
+        if ws_q.budget_action == "refuse" and any(
+            (q or {}).get("gpu_hours_per_month") is not None for q in ws_q.gpu_flavors.values()
+        ):
+            used = gpu_hours_by_flavor(workspace, month_start(timezone.now()))
+            book.hours_used = {workspace.pk: used}
+            over = flavor_budget_overrun(book, claim)
+            if over:
+                field = "gpu_flavor" if claim.gpu_flavors else "requested.gpu"
+                raise BudgetExhausted(over, errors={field: [over]})
     if ws_q.gpu_hours_per_month is not None and requested["gpu"]:
         used = gpu_hours(workspace, month_start(timezone.now()))
         over = budget_overrun(ws_q, used, requested["gpu"], spec["max_runtime_seconds"])

@@ -53,6 +53,10 @@ class QuotaThresholdData(EventData):
     gpu_hours_used = serializers.FloatField()
     gpu_hours_per_month = serializers.FloatField()
     period = serializers.DateField()
+    gpu_flavor = serializers.CharField(
+        required=False,
+        help_text="Present when the budget is one GPU flavor's (the workspace's gpu_flavors)",
+    )
 
 
 class MemberSummary(serializers.Serializer):
@@ -142,7 +146,8 @@ EVENT_TYPES: dict[str, EventType] = {
         _job("job.node_restarted", "A dead worker node of a job's cluster was started again"),
         EventType(
             "quota.threshold_reached",
-            "A workspace used 80 % or 100 % of its monthly GPU-hour budget",
+            "A workspace used 80 % or 100 % of its monthly GPU-hour budget (in all, or of one "
+            "GPU flavor)",
             QuotaThresholdData,
         ),
         EventType("member.added", "A user was granted a role in a workspace", MemberEventData),

@@ -198,6 +198,8 @@ class QuotaGroupForm(forms.ModelForm):
             "parent": "The group it is under; empty = directly under the organisation",
             "fair_share_weight": "Under fair_share, its subtree's share among its siblings is "
             "divided by this. More than 0",
+            "gpu_flavors": 'Per GPU flavor, e.g. {"h100": {"guaranteed": 4, "limit": 8, '
+            '"lending_limit": 2}}; within its GPU totals. No lending_limit = it lends all',
         }
 
     def __init__(self, *args, **kwargs):
@@ -231,6 +233,7 @@ class QuotaGroupAdmin(OrgScopedAdmin):
             ("Limit", {"fields": [f"limit_{n}" for n in RESOURCES]}),
             ("Lending limit", {"fields": [f"lending_limit_{n}" for n in RESOURCES]}),
             ("Jobs and fair share", {"fields": ["max_running_jobs", "fair_share_weight"]}),
+            ("GPU flavors", {"fields": ["gpu_flavors"]}),
         ]
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
@@ -249,11 +252,17 @@ class QuotaGroupAdmin(OrgScopedAdmin):
         found = _find(tree, obj.name)
         if found is None:
             return "-"
+        flavors = "".join(
+            f", {name} {shown['usage']:g} of {_amount(shown['limit'])}"
+            for name, shown in found["gpu_flavors"].items()
+            if name in (obj.gpu_flavors or {}) or shown["usage"]
+        )
         return (
             ", ".join(
                 f"{name} {found['usage'][name]:g} of {_amount(obj.limit()[name])}"
                 for name in RESOURCES
             )
+            + flavors
             + f"; {found['running']} job(s)"
         )
 

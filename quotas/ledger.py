@@ -159,6 +159,8 @@ class Ledger:
 
     def __post_init__(self) -> None:
         self.tree = QuotaTree(self.groups, self.ws_quotas, self.ws)
+        if self.flavors is not None:
+            self.flavors.attach(self.groups, self.tree)
         self._group_caps = {
             name
             for name in RESOURCES
@@ -176,12 +178,20 @@ class Ledger:
         )
 
     def flavor_blocker(self, claim: Claim) -> str:
-        """Why no GPU flavor the claim accepts fits ('' when one does): what no preemption
-        changes yet, as flavors are not preempted. Where no flavor is counted, only a claim
-        that names one is blocked: nothing offers it."""
+        """Why no GPU flavor the claim accepts fits ('' when one does): at its workspace, the
+        groups above it, the organisation or its pool (``quotas/flavors.py``). Where no flavor
+        is counted, only a claim that names one is blocked: nothing offers it."""
         if self.flavors is None:
             return untracked_blocker(claim)
         return self.flavors.blocker(claim)
+
+    def reclaimable_blocker(self, claim: Claim) -> str:
+        """What others hold that preemption could take back for ``claim`` ('' when nothing):
+        the totals at the groups and the organisation, or a flavor the claim is owed."""
+        reason = self.org_blocker(claim)
+        if reason or self.flavors is None:
+            return reason
+        return self.flavor_blocker(claim) if self.flavors.reclaimable(claim) else ""
 
     def host_blocker(self, claim: Claim) -> str:
         """What of the local host's capacity (shared by every organisation) stops it."""
@@ -283,9 +293,11 @@ class Ledger:
         return quota.guaranteed() if quota else dict.fromkeys(RESOURCES, 0.0)
 
     def under_guarantee(self, workspace_id: int) -> bool:
-        """Whether the workspace holds less than its guarantee of some resource."""
+        """Whether the workspace holds less than its guarantee of some resource or flavor."""
         guaranteed, usage = self.guarantee(workspace_id), self.ws[workspace_id]
-        return any(getattr(usage, name) < guaranteed[name] for name in RESOURCES)
+        return any(getattr(usage, name) < guaranteed[name] for name in RESOURCES) or (
+            self.flavors is not None and self.flavors.under_guarantee(workspace_id)
+        )
 
     def capped(self, name: str) -> bool:
         """Whether the organisation or a group of its tree caps ``name``: only such a resource
@@ -305,7 +317,7 @@ class Ledger:
             getattr(usage, name) + claim.requested[name] <= guaranteed[name] + EPSILON
             for name in RESOURCES
             if self.capped(name)
-        )
+        ) and (self.flavors is None or self.flavors.within_guarantee(claim))
 
     def borrowing(self, workspace_id: int, name: str) -> bool:
         """Whether the workspace holds more of ``name`` than it is guaranteed (only a capped
@@ -325,7 +337,18 @@ class Ledger:
         return all(self.tree.borrowing(group_id, name) for group_id in path[:below])
 
     def anyone_borrowing(self) -> bool:
-        return any(self.borrowing(ws, name) for ws in list(self.ws) for name in RESOURCES)
+        return any(self.borrowing(ws, name) for ws in list(self.ws) for name in RESOURCES) or (
+            self.flavors is not None and self.flavors.anyone_borrowing()
+        )
+
+    def borrows_flavor_from(self, claimant_id: int, workspace_id: int, flavor: str) -> bool:
+        """:meth:`borrows_from` for one GPU flavor: the workspace and every group above it
+        below the lowest common ancestor with the claimant hold more than their guarantee of
+        it."""
+        below = len(self.tree.path(workspace_id)) - self.tree.common_depth(
+            claimant_id, workspace_id
+        )
+        return self.flavors is not None and self.flavors.borrows_from(workspace_id, flavor, below)
 
     def dominant_share(self, workspace_id: int) -> float:
         """What the workspace holds now as a share of its guarantee, of the capped resource
@@ -439,14 +462,24 @@ def victims_for(ledger: Ledger, claim: Claim, candidates: list[Held]) -> list[He
         if held.workspace_id == ws_id:
             continue
         shared = set(tree.path(ws_id)) & set(tree.path(held.workspace_id))
-        short = {
-            name for node, name, _ in ledger.shortages(claim) if node is ROOT or node in shared
-        }
-        names = RESOURCES if "running" in short else short
-        useful = any(
-            held.requested[name] > 0 and ledger.borrows_from(ws_id, held.workspace_id, name)
-            for name in names
-        )
+        owed = ledger.flavors.reclaimable(claim) if ledger.flavors is not None else None
+        if owed is not None and any(node is ROOT or node in shared for node in owed[1]):
+            # Short of a GPU flavor above both: only a borrower of that flavor gives it back.
+            flavor = owed[0]
+            useful = (
+                held.gpu_flavor == flavor
+                and held.requested["gpu"] > 0
+                and ledger.borrows_flavor_from(ws_id, held.workspace_id, flavor)
+            )
+        else:
+            short = {
+                name for node, name, _ in ledger.shortages(claim) if node is ROOT or node in shared
+            }
+            names = RESOURCES if "running" in short else short
+            useful = any(
+                held.requested[name] > 0 and ledger.borrows_from(ws_id, held.workspace_id, name)
+                for name in names
+            )
         if not useful:
             continue
         ledger.hold(held, -1)

@@ -87,6 +87,9 @@ class QuotaGroup(models.Model):
     lending_limit_disk_gb = models.FloatField(null=True, blank=True)
     max_running_jobs = models.PositiveIntegerField(null=True, blank=True)
     fair_share_weight = models.FloatField(default=1.0)
+    # Guaranteed, limit and lending limit per GPU flavor, e.g. {"h100": {"guaranteed": 4,
+    # "limit": 8, "lending_limit": 2}} (quotas/flavors.py); within the totals above.
+    gpu_flavors = models.JSONField(default=dict, db_default={}, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -145,8 +148,9 @@ class WorkspaceQuota(models.Model):
     # lets it use twice as much as a workspace of weight 1 before it waits behind it.
     # db_default: a row written by a process of the previous release (during a deploy) weighs 1.
     fair_share_weight = models.FloatField(default=1.0, db_default=1.0)
-    # Guaranteed and limit per GPU flavor, e.g. {"h100": {"guaranteed": 2, "limit": 4}}
-    # (quotas/flavors.py); within the totals above.
+    # Guaranteed, limit, lending limit and monthly GPU-hour budget per GPU flavor, e.g.
+    # {"h100": {"guaranteed": 2, "limit": 4, "gpu_hours_per_month": 100}} (quotas/flavors.py);
+    # within the totals above.
     gpu_flavors = models.JSONField(default=dict, db_default={}, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -228,11 +232,13 @@ class FairShareUsage(models.Model):
 
 
 class BudgetAlert(models.Model):
-    """A ``quota.threshold_reached`` event already sent for one budget period and threshold."""
+    """A ``quota.threshold_reached`` event already sent for one budget period and threshold, of
+    the workspace's total GPU budget (``gpu_flavor`` "") or of one flavor's."""
 
     workspace = models.ForeignKey(
         "workspaces.Workspace", on_delete=models.CASCADE, related_name="+"
     )
+    gpu_flavor = models.CharField(max_length=32, blank=True, default="", db_default="")
     period = models.DateField()  # the first day of the month
     threshold = models.PositiveSmallIntegerField()  # percent: 80 or 100
     used_gpu_hours = models.FloatField()
@@ -241,12 +247,14 @@ class BudgetAlert(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["workspace", "period", "threshold"], name="one_alert_per_threshold"
+                fields=["workspace", "gpu_flavor", "period", "threshold"],
+                name="one_alert_per_flavor_threshold",
             ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.threshold}% of the GPU budget of {self.workspace_id} in {self.period}"
+        budget = f"GPU flavor {self.gpu_flavor} budget" if self.gpu_flavor else "GPU budget"
+        return f"{self.threshold}% of the {budget} of {self.workspace_id} in {self.period}"
 
 
 class AdmissionRequests(models.Model):

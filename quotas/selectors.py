@@ -103,10 +103,12 @@ def ledger_for(
     host_capacity: Callable[[], dict[str, float | None]],
     gpu_hours_used: Callable[[WorkspaceQuota], float],
     gpu_pools: Callable[[], dict[int, Pool]] | None = None,
+    flavor_hours_used: Callable[[WorkspaceQuota], dict[str, float]] | None = None,
 ) -> Ledger:
     """What the organisation holds, against its limits and those of the shared host ``host``
     (``on_host``: its workspaces that launch there). ``gpu_hours_used`` gives what a workspace
-    with a GPU budget has used this period; ``gpu_pools``, the GPU flavors each workspace's
+    with a GPU budget has used this period, ``flavor_hours_used`` the same by flavor for a
+    workspace with a budget of some flavor; ``gpu_pools``, the GPU flavors each workspace's
     target offers (without it, flavors are not counted)."""
     ws: dict[int, Usage] = defaultdict(Usage)
     org = Usage()
@@ -131,6 +133,14 @@ def ledger_for(
     if on_host:
         host_usage = _usage(active_reservations().filter(host=host).aggregate(**TOTALS))
     org_q = OrgQuota.objects.filter(organization_id=organization_id).first()
+    groups = quota_groups(organization_id)
+    flavors = None
+    if gpu_pools is not None:
+        flavors = flavor_book(organization_id, org_q, ws_quotas, gpu_pools(), host, groups)
+    if flavors is not None and flavor_hours_used is not None:
+        flavors.hours_used = {
+            ws_id: flavor_hours_used(q) for ws_id, q in ws_quotas.items() if _flavor_budget(q)
+        }
     return Ledger(
         host=host_usage,
         host_capacity=host_capacity() if on_host else {},
@@ -146,10 +156,15 @@ def ledger_for(
         },
         past=past_usage(organization_id) if org_q and org_q.policy in PAST_USAGE_POLICIES else {},
         half_life_seconds=half_life_seconds(),
-        flavors=flavor_book(organization_id, org_q, ws_quotas, gpu_pools(), host)
-        if gpu_pools is not None
-        else None,
-        groups=quota_groups(organization_id),
+        flavors=flavors,
+        groups=groups,
+    )
+
+
+def _flavor_budget(quota: WorkspaceQuota) -> bool:
+    """Whether the workspace has a GPU-hour budget of some flavor."""
+    return any(
+        (q or {}).get("gpu_hours_per_month") is not None for q in (quota.gpu_flavors or {}).values()
     )
 
 
@@ -164,13 +179,18 @@ def flavor_book(
     ws_quotas: dict[int, WorkspaceQuota],
     pools: dict[int, Pool],
     host: str,
+    groups: dict[int, QuotaGroup] | None = None,
 ) -> FlavorBook | None:
     """What each GPU flavor allows and holds for the organisation (None when no pool and no
     quota of it names a flavor: then flavors change nothing, and cost no query): its
     reservations' GPUs by workspace and flavor, and on the shared host, every organisation's
     by flavor (two queries, the second only when a workspace launches there)."""
     typed = any(set(pool.flavors) - {UNTYPED} for pool in pools.values())
-    quoted = bool(org_q and org_q.gpu_flavors) or any(q.gpu_flavors for q in ws_quotas.values())
+    quoted = (
+        bool(org_q and org_q.gpu_flavors)
+        or any(q.gpu_flavors for q in ws_quotas.values())
+        or any(g.gpu_flavors for g in (groups or {}).values())
+    )
     if not typed and not quoted:
         return None
     return _flavor_book(organization_id, org_q, ws_quotas, pools, host)
@@ -224,7 +244,8 @@ def past_usage(organization_id: int) -> dict[int, PastUsage]:
 def quota_tree(organization) -> dict[str, Any]:
     """The organisation's quota tree as it stands, from the root: each node's quota (guaranteed,
     limit, lending limit, weight, max running), what its subtree holds and how much of that it
-    borrows (holds beyond its guarantee). Four queries, however deep."""
+    borrows (holds beyond its guarantee), in all and per GPU flavor. Five queries, however
+    deep."""
     org_q = org_quota(organization)
     groups = quota_groups(organization.pk)
     workspaces = {
@@ -239,8 +260,9 @@ def quota_tree(organization) -> dict[str, Any]:
     org_usage = Usage()
     for usage in ws_usage.values():
         _merge(org_usage, usage)
+    flavors = _tree_flavors(organization, org_q, groups, ws_quotas, tree)
 
-    def node(kind, name, quota, usage: Usage, children) -> dict[str, Any]:
+    def node(kind, name, quota, usage: Usage, children, key) -> dict[str, Any]:
         held = {r: getattr(usage, r) for r in RESOURCES}
         guaranteed = quota.guaranteed() if kind != "organization" else quota.capacity()
         return {
@@ -259,6 +281,7 @@ def quota_tree(organization) -> dict[str, Any]:
                 r: max(0.0, held[r] - (guaranteed[r] or 0.0)) if kind != "organization" else 0.0
                 for r in RESOURCES
             },
+            "gpu_flavors": flavors(kind, quota, key),
             "children": children,
         }
 
@@ -266,17 +289,77 @@ def quota_tree(organization) -> dict[str, Any]:
     for pk, ws in sorted(workspaces.items(), key=lambda item: item[1].slug):
         path = tree.path(pk)
         under[path[0] if path else None].append(
-            node("workspace", ws.slug, ws_quotas[pk], ws_usage.get(pk) or Usage(), [])
+            node("workspace", ws.slug, ws_quotas[pk], ws_usage.get(pk) or Usage(), [], pk)
         )
 
     def subtree(group_id: int) -> dict[str, Any]:
         group = groups[group_id]
         children = [subtree(c) for c in sorted(groups) if _parent(groups, c) == group_id]
-        return node("group", group.name, group, tree.usage[group_id], children + under[group_id])
+        return node(
+            "group", group.name, group, tree.usage[group_id], children + under[group_id], group_id
+        )
 
     top = [subtree(g) for g in sorted(groups, key=lambda g: groups[g].name)
            if _parent(groups, g) is None]  # fmt: skip
-    return node("organization", organization.slug, org_q, org_usage, top + under[None])
+    return node("organization", organization.slug, org_q, org_usage, top + under[None], None)
+
+
+def _tree_flavors(
+    organization,
+    org_q: OrgQuota,
+    groups: dict[int, QuotaGroup],
+    ws_quotas: dict[int, WorkspaceQuota],
+    tree: QuotaTree,
+) -> Callable[[str, Any, int | None], dict[str, Any]]:
+    """What :func:`quota_tree` shows of each node per typed GPU flavor: its quota of it
+    (the organisation's: its capacity; a workspace's lending limit as what it lends, 0 when it
+    gives none), what its subtree holds of it and borrows. Every flavor the tree has a quota of
+    or holds is shown at every node (one query: the reservations by workspace and flavor)."""
+    held = (
+        active_reservations()
+        .filter(organization=organization, gpu__gt=0)
+        .exclude(gpu_flavor=UNTYPED)
+        .order_by()
+        .values_list("workspace_id", "gpu_flavor")
+        .annotate(gpus=Sum("gpu"))
+    )
+    by_node: dict[tuple[str, int | None], dict[str, float]] = defaultdict(
+        lambda: defaultdict(float)
+    )
+    for ws_id, flavor, gpus in held:
+        by_node["workspace", ws_id][flavor] += gpus
+        by_node["organization", None][flavor] += gpus
+        for group_id in tree.path(ws_id):
+            by_node["group", group_id][flavor] += gpus
+    names = sorted(
+        {*org_q.gpu_flavors, *by_node["organization", None]}
+        | {f for g in groups.values() for f in g.gpu_flavors or {}}
+        | {f for q in ws_quotas.values() for f in q.gpu_flavors or {}}
+    )
+
+    def flavors(kind: str, quota: Any, key: int | None) -> dict[str, Any]:
+        shown = {}
+        for name in names:
+            usage = by_node[kind, key][name]
+            if kind == "organization":
+                capacity = org_q.gpu_flavors.get(name)
+                guaranteed, limit, lending = capacity, capacity, None
+            else:
+                own = (quota.gpu_flavors or {}).get(name) or {}
+                guaranteed, limit = own.get("guaranteed", 0.0), own.get("limit")
+                lending = own.get("lending_limit")
+                if kind == "workspace" and lending is None:
+                    lending = 0.0  # a workspace lends none of its flavor guarantee unless told
+            shown[name] = {
+                "guaranteed": guaranteed,
+                "limit": limit,
+                "lending_limit": lending,
+                "usage": usage,
+                "borrowed": 0.0 if kind == "organization" else max(0.0, usage - guaranteed),
+            }
+        return shown
+
+    return flavors
 
 
 def _parent(groups: dict[int, QuotaGroup], group_id: int) -> int | None:

@@ -50,7 +50,7 @@ GROUP_FIELDS = (
     + [f"guaranteed_{r}" for r in RESOURCES]
     + [f"limit_{r}" for r in RESOURCES]
     + [f"lending_limit_{r}" for r in RESOURCES]
-    + ["max_running_jobs", "fair_share_weight"]
+    + ["max_running_jobs", "fair_share_weight", "gpu_flavors"]
 )
 
 
@@ -73,16 +73,22 @@ def _tree_rows(organization, *, lock: bool) -> tuple[OrgQuota, list[QuotaGroup]]
     return org_q, list(groups.select_for_update() if lock else groups)
 
 
-def _check_flavors(org_q: OrgQuota, ws_quotas: list[WorkspaceQuota]) -> None:
+def _check_flavors(
+    org_q: OrgQuota, ws_quotas: list[WorkspaceQuota], groups: list[QuotaGroup] | None = None
+) -> None:
     """The GPU flavor quotas are well formed (``quotas/flavors.py``) and, per flavor, as for
-    the totals: guaranteed ≤ limit ≤ capacity, Σ guaranteed ≤ capacity."""
+    the totals at every node of the tree: guaranteed ≤ limit ≤ the limit above, Σ guaranteed
+    of a node's children ≤ its own (the organisation's: its capacity); a group's flavors
+    within its totals."""
+    if groups is None:
+        groups = list(QuotaGroup.objects.filter(organization_id=org_q.organization_id))
     errors = flavors.org_capacity_problems(org_q.gpu_flavors)
+    for group in groups:
+        errors = errors or flavors.group_quota_problems(group.gpu_flavors)
     for quota in ws_quotas:
         errors = errors or flavors.workspace_quota_problems(quota.gpu_flavors)
     if not errors:
-        errors = flavors.consistency_problems(
-            org_q.gpu_flavors, [quota.gpu_flavors for quota in ws_quotas]
-        )
+        errors = flavors.consistency_problems(org_q.gpu_flavors, ws_quotas, groups)
     if errors:
         field, messages = next(iter(errors.items()))
         raise InvalidInput(f"{field}: {messages[0]}", errors=errors)
@@ -142,7 +148,7 @@ def workspace_quota_update(*, actor: Actor, workspace, data: dict[str, Any]) -> 
         validate=lambda _: (
             _check_weight(quota),
             _check_consistency(org_q, [*others, quota], groups),
-            _check_flavors(org_q, [*others, quota]),
+            _check_flavors(org_q, [*others, quota], groups),
         ),
         full_clean=False,
         target_repr=f"quota of {workspace}",
@@ -183,7 +189,9 @@ def quota_group_create(*, actor: Actor, organization, data: dict[str, Any]) -> Q
         if name in data:
             setattr(group, name, data[name])
     _check_group_weight(group)
-    _check_consistency(org_q, _others(organization), [*groups, group])
+    others = _others(organization)
+    _check_consistency(org_q, others, [*groups, group])
+    _check_flavors(org_q, others, [*groups, group])
     group.save()
     audit.record(
         actor=actor,
@@ -206,6 +214,7 @@ def quota_group_update(*, actor: Actor, group: QuotaGroup, data: dict[str, Any])
     name = data.get("name")
     if any(g.name == name and g.pk != group.pk for g in groups):
         raise InvalidInput.on("name", f"the organisation has a quota group '{name}'")
+    others = _others(organization)
     audit.model_update(
         instance=group,
         fields=GROUP_FIELDS,
@@ -214,7 +223,8 @@ def quota_group_update(*, actor: Actor, group: QuotaGroup, data: dict[str, Any])
         action="quota_group.update",
         validate=lambda _: (
             _check_group_weight(group),
-            _check_consistency(org_q, _others(organization), groups),
+            _check_consistency(org_q, others, groups),
+            _check_flavors(org_q, others, groups),
         ),
         full_clean=False,
         target_repr=f"quota group {group.name} of {organization.slug}",
@@ -353,29 +363,43 @@ def fair_share_usage_fold(
 
 
 def budget_alert_record(
-    quota: WorkspaceQuota, *, threshold: int, used: float, period: dt.datetime
+    quota: WorkspaceQuota,
+    *,
+    threshold: int,
+    used: float,
+    period: dt.datetime,
+    gpu_flavor: str = "",
 ) -> bool:
-    """Emit ``quota.threshold_reached`` for the workspace once per period and threshold: True
-    when this call emitted it."""
+    """Emit ``quota.threshold_reached`` for the workspace once per period, budget (its total:
+    ``gpu_flavor`` "", or that flavor's) and threshold: True when this call emitted it."""
     workspace = quota.workspace
+    budget = (
+        quota.gpu_flavors[gpu_flavor]["gpu_hours_per_month"]
+        if gpu_flavor
+        else quota.gpu_hours_per_month
+    )
     with transaction.atomic():
         _, created = BudgetAlert.objects.get_or_create(
             workspace=workspace,
+            gpu_flavor=gpu_flavor,
             period=period.date(),
             threshold=threshold,
             defaults={"used_gpu_hours": used},
         )
         if created:
+            payload = {
+                "workspace": workspace.slug,
+                "threshold_percent": threshold,
+                "gpu_hours_used": used,
+                "gpu_hours_per_month": budget,
+                "period": period.date().isoformat(),
+            }
+            if gpu_flavor:
+                payload["gpu_flavor"] = gpu_flavor
             event_emit(
                 type="quota.threshold_reached",
                 organization=workspace.organization,
                 workspace=workspace,
-                payload={
-                    "workspace": workspace.slug,
-                    "threshold_percent": threshold,
-                    "gpu_hours_used": used,
-                    "gpu_hours_per_month": quota.gpu_hours_per_month,
-                    "period": period.date().isoformat(),
-                },
+                payload=payload,
             )
     return created

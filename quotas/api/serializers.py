@@ -3,7 +3,7 @@ from rest_framework.fields import empty
 
 from config.gpu_flavors import flavor_problem
 from config.strict import ReplaceMixin, StrictModelSerializer, StrictSerializer
-from quotas.flavors import normalised_workspace_quota
+from quotas.flavors import normalised_group_quota, normalised_workspace_quota
 from quotas.models import RESOURCES, OrgQuota, QuotaGroup, WorkspaceQuota
 
 AMOUNT = {"min_value": 0, "max_value": 1_000_000, "required": False, "allow_null": True}
@@ -19,18 +19,49 @@ def _check_flavor_names(value: dict) -> dict:
 
 
 class FlavorQuota(StrictSerializer):
+    """A workspace's quota of one GPU flavor."""
+
     guaranteed = serializers.FloatField(min_value=0, max_value=1_000_000, required=False)
     limit = serializers.FloatField(
-        **AMOUNT, help_text="null = up to the organisation's capacity of the flavor"
+        **AMOUNT, help_text="null = up to the limit of the flavor above it"
+    )
+    lending_limit = serializers.FloatField(
+        **AMOUNT,
+        help_text="How much of its guarantee of the flavor it lends while idle; absent or "
+        "null = none (the whole guarantee is kept for it)",
+    )
+    gpu_hours_per_month = serializers.FloatField(
+        **AMOUNT, help_text="GPU-hour budget of the flavor per month; null = none"
     )
 
     def validate(self, attrs):
         guaranteed, limit = attrs.get("guaranteed", 0), attrs.get("limit")
+        lending = attrs.get("lending_limit")
         if limit is not None and guaranteed > limit:
             raise serializers.ValidationError(
                 {"guaranteed": [f"guaranteed {guaranteed:g} is above the limit {limit:g}"]}
             )
+        if lending is not None and lending > guaranteed:
+            raise serializers.ValidationError(
+                {
+                    "lending_limit": [
+                        f"lending limit {lending:g} is above the guarantee {guaranteed:g}: a "
+                        "node lends at most what it is guaranteed"
+                    ]
+                }
+            )
         return attrs
+
+
+class GroupFlavorQuota(FlavorQuota):
+    """A quota group's quota of one GPU flavor."""
+
+    gpu_hours_per_month = None  # budgets are a workspace's
+    lending_limit = serializers.FloatField(
+        **AMOUNT,
+        help_text="How much of its guarantee of the flavor it lends while idle; null = all "
+        "of it (as for the totals)",
+    )
 
 
 class _ReplaceKeepsFlavorsOptional:
@@ -125,8 +156,8 @@ class WorkspaceQuotaSerializer(StrictModelSerializer):
     gpu_flavors = serializers.DictField(
         child=FlavorQuota(),
         required=False,
-        help_text='Guaranteed and limit per GPU flavor, e.g. {"h100": {"guaranteed": 2, '
-        '"limit": 4}}',
+        help_text="Guaranteed, limit, lending limit and monthly GPU-hour budget per GPU "
+        'flavor, e.g. {"h100": {"guaranteed": 2, "limit": 4, "gpu_hours_per_month": 100}}',
     )
     group = GroupName(help_text="Its quota group; null = directly under the organisation")
     lending_limit_cpu = serializers.FloatField(**LENDING)
@@ -201,6 +232,12 @@ class QuotaGroupSerializer(StrictModelSerializer):
         help_text="Under fair_share, its subtree's share is divided by this among its "
         "siblings; more than 0",
     )
+    gpu_flavors = serializers.DictField(
+        child=GroupFlavorQuota(),
+        required=False,
+        help_text='Guaranteed, limit and lending limit per GPU flavor, e.g. {"h100": '
+        '{"guaranteed": 4, "limit": 8, "lending_limit": 2}}; within its totals',
+    )
 
     class Meta:
         model = QuotaGroup
@@ -212,6 +249,7 @@ class QuotaGroupSerializer(StrictModelSerializer):
               for name in RESOURCES),
             "max_running_jobs",
             "fair_share_weight",
+            "gpu_flavors",
             "created_at",
             "updated_at",
         ]  # fmt: skip
@@ -220,12 +258,28 @@ class QuotaGroupSerializer(StrictModelSerializer):
     def validate_fair_share_weight(self, value: float) -> float:
         return _positive_weight(value)
 
+    def validate_gpu_flavors(self, value: dict) -> dict:
+        return normalised_group_quota(_check_flavor_names(value))
+
 
 class NodeAmounts(serializers.Serializer):
     cpu = serializers.FloatField(allow_null=True)
     memory_gb = serializers.FloatField(allow_null=True)
     gpu = serializers.FloatField(allow_null=True)
     disk_gb = serializers.FloatField(allow_null=True)
+
+
+class NodeFlavor(serializers.Serializer):
+    """One node's quota and usage of one GPU flavor (the organisation's guaranteed and limit:
+    its capacity of it)."""
+
+    guaranteed = serializers.FloatField(allow_null=True)
+    limit = serializers.FloatField(allow_null=True, help_text="null: no limit of its own")
+    lending_limit = serializers.FloatField(
+        allow_null=True, help_text="What it lends of its guarantee while idle; null: all of it"
+    )
+    usage = serializers.FloatField(help_text="Held by the jobs of its subtree")
+    borrowed = serializers.FloatField(help_text="Held beyond its guarantee")
 
 
 class QuotaNodeOutput(serializers.Serializer):
@@ -242,6 +296,10 @@ class QuotaNodeOutput(serializers.Serializer):
     usage = NodeAmounts(help_text="Held by the launching and running jobs of its subtree")
     running = serializers.IntegerField()
     borrowed = NodeAmounts(help_text="Held beyond its guarantee")
+    gpu_flavors = serializers.DictField(
+        child=NodeFlavor(),
+        help_text="Per GPU flavor the tree has a quota of or holds: its quota and usage",
+    )
     children = serializers.ListField(
         child=serializers.DictField(), help_text="Its groups and workspaces, each a node"
     )
@@ -281,6 +339,9 @@ class FlavorUsage(serializers.Serializer):
     guaranteed = serializers.FloatField()
     limit = serializers.FloatField(allow_null=True)
     gpu_hours_this_month = serializers.FloatField()
+    gpu_hours_per_month = serializers.FloatField(
+        allow_null=True, help_text="The flavor's monthly GPU-hour budget; null = none"
+    )
 
 
 class UsageOutput(serializers.Serializer):

@@ -179,6 +179,13 @@ def test_quota_groups_are_listed_added_edited_and_deleted_through_the_service(wo
     assert QuotaGroup.objects.get(pk=vision.pk).lending_limit_gpu is None
     assert submit(admin, url, lending_limit_gpu="1").status_code == 302
     assert QuotaGroup.objects.get(pk=vision.pk).lending_limit_gpu == 1
+    # its GPU flavors: shown, written through the service, refused beyond its totals
+    assert 'name="gpu_flavors"' in admin.get(url).content.decode()
+    over = submit(admin, url, gpu_flavors='{"h100": {"guaranteed": 5}}')
+    assert over.status_code == 302
+    assert any("gpu_flavors.h100.guaranteed" in m for m in messages_of(admin.get(url)))
+    assert submit(admin, url, gpu_flavors='{"h100": {"guaranteed": 2}}').status_code == 302
+    assert QuotaGroup.objects.get(pk=vision.pk).gpu_flavors == {"h100": {"guaranteed": 2}}
     # a group with a workspace under it is not deleted; once empty, it is
     kept = admin.post(f"{url.removesuffix('change/')}delete/", {"post": "yes"})
     assert kept.status_code == 200 and "Cannot delete quota group" in kept.content.decode()

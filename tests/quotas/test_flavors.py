@@ -158,8 +158,8 @@ def test_org_capacity_per_flavor_keeps_other_workspaces_guarantees(world, typed_
     small = queue(world, world.ws, ml_template, 1, "h100", minutes_ago=2)
     assert admission.admit(world.org.pk) == [small]  # lab's guaranteed h100 is kept for it
     assert admission.explain(Job.objects.get(pk=big))["waiting_for"] == (
-        "organisation GPU flavor h100 capacity 2: 1 reserved, 1 guaranteed to other "
-        "workspaces, this job needs 2"
+        "organisation GPU flavor h100 capacity 2: 1 reserved and 1 kept for guarantees that "
+        "are not lent, this job needs 2"
     )
     third = queue(world, world.ws, ml_template, 1, "h100", minutes_ago=1)
     theirs = queue(world, lab, lab_template, 1, "h100")
@@ -273,7 +273,14 @@ def test_flavor_quotas_round_trip_and_shrinking_capacity_below_guarantees_is_ref
     assert client.patch(ORG_Q, {"gpu_flavors": {"h100": 8}}, format="json").status_code == 200
     response = client.patch(WS_Q, {"gpu_flavors": {"h100": {"guaranteed": 4}}}, format="json")
     assert response.status_code == 200, response.content
-    assert response.json()["gpu_flavors"] == {"h100": {"guaranteed": 4.0, "limit": None}}
+    assert response.json()["gpu_flavors"] == {
+        "h100": {
+            "guaranteed": 4.0,
+            "limit": None,
+            "lending_limit": None,
+            "gpu_hours_per_month": None,
+        }
+    }
     shrink = client.patch(ORG_Q, {"gpu_flavors": {"h100": 2}}, format="json")
     assert shrink.status_code == 400
     assert "gpu_flavors.h100.guaranteed" in shrink.json()["errors"], shrink.json()
