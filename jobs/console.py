@@ -251,8 +251,8 @@ def tree_rows(tree: dict[str, Any], capacity: dict[str, float | None]) -> list[d
 
 
 def org_overview(organization, *, now: dt.datetime | None = None) -> dict[str, Any]:
-    """Everything the overview page shows of ``organization`` (twelve queries: nine of its
-    own and the quota tree's three)."""
+    """Everything the overview page shows of ``organization`` (thirteen queries: nine of its
+    own and the quota tree's four)."""
     now = now or timezone.now()
     workspaces = list(
         organization.workspaces.filter(archived_at__isnull=True).order_by("slug")
@@ -324,7 +324,7 @@ def org_overview(organization, *, now: dt.datetime | None = None) -> dict[str, A
         "max_running_jobs": org_quota.max_running_jobs if org_quota else None,
         "policy": org_quota.policy if org_quota else "fifo",
         "workspaces": rows_out,
-        "tree": tree_rows(quota_tree(organization), capacity),  # 10-12
+        "tree": tree_rows(quota_tree(organization), capacity),  # 10-13
         "totals": totals,
         "period": period,
         "charts": history(  # 7, 8, 9

@@ -397,7 +397,7 @@ def test_overview_costs_the_same_queries_whatever_the_number_of_jobs(world):
         JobAttemptFactory(job=job, running_at=timezone.now())
         JobEventFactory(job=job, to_state="queued")
     WorkspaceFactory(organization=world.org, slug="third")
-    assert queries() == few == 12
+    assert queries() == few == 13
 
 
 def test_overview_draws_the_quota_tree_with_what_each_group_holds(world):
