@@ -364,8 +364,9 @@ def test_a_heavy_users_job_starts_after_the_light_users_expected_submissions(wor
     capacity(world, 2, policy="fair_share")  # one 2-GPU job at a time
     now = timezone.now() + dt.timedelta(seconds=30)
     submitted(light, 12, within=prediction.ARRIVAL_WINDOW, now=now)
+    gpus = {"cpu": 0.0, "memory_gb": 0.0, "gpu": 2.0, "disk_gb": 0.0}
     quota_services.fair_share_usage_fold(  # ml held 2 GPUs for 10 hours, ending now
-        [(world.org.pk, world.ws.pk, 10 * 3600, {"cpu": 0, "memory_gb": 0, "gpu": 2, "disk_gb": 0})], now=now
+        [(world.org.pk, world.ws.pk, 10 * 3600, gpus)], now=now
     )
     run_for(world, gpu_template, seconds_ago=0, now=now)  # ends at +1200 s
     mine = submit(world, gpu_template)
