@@ -160,6 +160,7 @@ class Result:
     preempted: int  # attempts ended by preemption
     preempted_gpu_hours: float
     predictions: list[tuple[float, float | None]]  # (actual wait, predicted p50 wait) seconds
+    predicted: dict[int, float | None]  # task index → predicted p50 wait (seconds)
     prediction_seconds: float  # wall time spent predicting
     wall_seconds: float  # wall time of the replay, predictions excluded
     passes: int
@@ -289,6 +290,7 @@ class Replay:
             preempted=self.preempted,
             preempted_gpu_hours=self.preempted_gpu_seconds / 3600,
             predictions=predictions,
+            predicted=dict(self.predicted),
             prediction_seconds=self.prediction_seconds,
             wall_seconds=wall,
             passes=self.passes,
@@ -568,6 +570,48 @@ def short_prediction_report(result: Result, min_wait: float) -> str:
     )
 
 
+def diagnosis(result: Result, trace: Trace, predicted: dict[int, float | None], min_wait: float):
+    """Where the prediction error comes from: the sampled jobs that waited ``min_wait`` or more,
+    split by whether jobs submitted after them started before them (the replay cannot know
+    those unless it models arrivals) and by the sign of the error (early: predicted to start
+    sooner than it did)."""
+    tasks, starts = trace.tasks, result.first_starts
+    groups: dict[str, list[float]] = defaultdict(list)
+    for i, guess in predicted.items():
+        if guess is None or starts[i] is None:
+            continue
+        actual = starts[i] - tasks[i].arrival
+        if actual < min_wait:
+            continue
+        overtakers = sum(
+            1
+            for j in range(i + 1, len(tasks))
+            if tasks[j].arrival > tasks[i].arrival
+            and starts[j] is not None
+            and starts[j] < starts[i]
+        )
+        error = (guess - actual) / actual
+        side = "early" if error < 0 else "late"
+        kind = "overtaken" if overtakers else "not overtaken"
+        groups[f"{kind}, {side}"].append(error)
+        groups[kind].append(abs(error))
+    lines = []
+    for name in ("not overtaken", "overtaken"):
+        errors = sorted(groups.get(name, []))
+        if errors:
+            lines.append(
+                f"    {name}: {len(errors)} jobs, |error| p50 {percentile(errors, 50):.0%}, "
+                f"p90 {percentile(errors, 90):.0%}"
+            )
+        for side in ("early", "late"):
+            signed = sorted(groups.get(f"{name}, {side}", []))
+            if signed:
+                lines.append(
+                    f"      {side}: {len(signed)} jobs, error p50 {percentile(signed, 50):+.0%}"
+                )
+    return "\n".join([f"  {result.policy}: where the error comes from", *lines])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = SyntheticParams()
@@ -581,6 +625,7 @@ def main() -> None:
     parser.add_argument(
         "--predictions", type=int, default=200, help="jobs whose start is predicted"
     )
+    parser.add_argument("--diagnose", action="store_true", help="break the prediction error down")
     parser.add_argument("--min-wait", type=float, default=60, help="seconds; see the docstring")
     parser.add_argument(
         "--jain-window", type=float, default=3600, help="seconds of contention per window"
@@ -659,6 +704,9 @@ def main() -> None:
         line = short_prediction_report(result, args.min_wait)
         if line:
             print(line)
+    if args.diagnose:
+        for result in results:
+            print(diagnosis(result, trace, result.predicted, args.min_wait))
 
 
 if __name__ == "__main__":

@@ -5,15 +5,25 @@ jobs and its queue, then plays admission forward on a simulated clock: each runn
 its reservation at its expected end, and at each release the organisation's policy
 (``admission.plan``, the function the workers call, over an in-memory queue) admits what fits,
 until the job is admitted. The expected run time of a job is the recent history of its template
-(how long its succeeded attempts held their reservation, admission to end), capped by its
-``max_runtime_seconds``; p50 replays with the medians, p90 with the 90th percentiles.
+(how long its succeeded attempts held their reservation, admission to end; its workspace's or
+the organisation's when the template has too little), capped by its ``max_runtime_seconds``;
+p50 replays with the medians, p90 with the 90th percentiles. A running job's remaining time is
+that of the runs in its history that lasted longer than it has run so far.
+
+Two things the queue does not show are replayed as well: jobs still to be submitted (each
+workspace keeps submitting at its recent rate, jobs like its recent ones, see
+:func:`_arrivals`), which go ahead of the job wherever the policy lets later jobs overtake; and,
+under fair_share, the past usage each simulated end adds to its workspace (the order the policy
+weighs).
 
 Bounded: it reads a fixed number of queries whatever the queue's length, and simulates at most
-:data:`MAX_AHEAD` queued jobs. See docs/prediction.md for what it does not model.
+:data:`MAX_AHEAD` queued jobs and :data:`MAX_ARRIVALS` future ones. See docs/prediction.md for
+what it does not model.
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
 import dataclasses
 import datetime as dt
@@ -27,7 +37,7 @@ from collections.abc import Iterable, Iterator
 from django.conf import settings
 from django.core.cache import cache
 from django.db.models import F, IntegerField, Q, Window
-from django.db.models.fields.json import KeyTextTransform
+from django.db.models.fields.json import KT, KeyTextTransform, KeyTransform
 from django.db.models.functions import Cast, RowNumber
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -43,8 +53,16 @@ from .models import AttemptState, Job, JobAttempt, JobState
 logger = logging.getLogger(__name__)
 MAX_AHEAD = 500  # queued jobs simulated; a job further back in the queue gets no prediction
 HISTORY_RUNS = 50  # a template's most recent succeeded attempts that make its run-time history
+MIN_HISTORY = 3  # fewer runs of a template: its workspace's runs stand in (then the org's)
 FALLBACK_RUNTIME = 3600  # seconds, for a job with neither history nor max_runtime_seconds
 VIRTUAL_PK = 2**62  # the place in the queue of a job not yet submitted: after every other
+# Future submissions: the organisation's submissions of the last ARRIVAL_WINDOW seconds (at most
+# ARRIVAL_SAMPLE, the most recent) give each workspace's rate and the jobs it submits; fewer
+# than MIN_ARRIVALS say too little about a rate, and none are replayed.
+ARRIVAL_WINDOW = 6 * 3600
+ARRIVAL_SAMPLE = 300
+MIN_ARRIVALS = 10
+MAX_ARRIVALS = 300  # future submissions replayed at most: the replay's bound
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +81,7 @@ class Runtime:
     p50: float
     p90: float
     cap: float  # its max_runtime_seconds: Manta ends it there
+    runs: tuple[float, ...] = ()  # the history it comes from, capped, ascending
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +93,7 @@ class Running:
     foreign: bool  # another organisation's, on the shared local host: only the host's count
     ends: tuple[float, float]  # (p50, p90)
     gpu_flavor: str = ""  # the GPU flavor it holds
+    since: float = 0.0  # when it was admitted, seconds from now (negative: in the past)
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -118,12 +138,35 @@ def _quantile(durations: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def template_runtimes(template_ids: Iterable[int]) -> dict[int, tuple[float, float]]:
-    """(median, p90) seconds that each template's recent succeeded attempts held their
-    reservation (admission to end): one query for all the templates."""
+@dataclasses.dataclass(frozen=True)
+class History:
+    """Seconds that recent succeeded attempts held their reservation (admission to end),
+    ascending: per template, and pooled per workspace and for the whole organisation (of the
+    templates read), for a template with too few runs of its own."""
+
+    templates: dict[int, list[float]]
+    workspaces: dict[int, list[float]]
+    everyone: list[float]
+
+    def of(self, template_id: int | None, workspace_id: int) -> list[float] | None:
+        """The runs that best stand for a job of ``template_id`` in ``workspace_id``: its
+        template's when it has :data:`MIN_HISTORY`, else its workspace's, else the
+        organisation's; with fewer everywhere, the most specific there is (None: none)."""
+        found = [
+            self.templates.get(template_id) if template_id is not None else None,
+            self.workspaces.get(workspace_id),
+            self.everyone,
+        ]
+        found = [runs for runs in found if runs]
+        enough = (runs for runs in found if len(runs) >= MIN_HISTORY)
+        return next(enough, found[0] if found else None)
+
+
+def template_runtimes(template_ids: Iterable[int]) -> History:
+    """The recent run times of the templates: one query for all of them."""
     ids = {pk for pk in template_ids if pk is not None}
     if not ids:
-        return {}
+        return History({}, {}, [])
     template = F("job__template_version__template_id")
     rows = (
         JobAttempt.objects.filter(
@@ -136,31 +179,39 @@ def template_runtimes(template_ids: Iterable[int]) -> dict[int, tuple[float, flo
             recent=Window(RowNumber(), partition_by=[template], order_by=F("finished_at").desc()),
         )
         .filter(recent__lte=HISTORY_RUNS)
-        .values_list("template_id", "created_at", "finished_at")
+        .values_list("template_id", "job__workspace_id", "created_at", "finished_at")
     )
-    durations: dict[int, list[float]] = defaultdict(list)
-    for template_id, created, finished in rows:
-        durations[template_id].append(max(0.0, (finished - created).total_seconds()))
-    return {pk: (_quantile(d, 0.5), _quantile(d, 0.9)) for pk, d in durations.items()}
+    templates: dict[int, list[float]] = defaultdict(list)
+    workspaces: dict[int, list[float]] = defaultdict(list)
+    everyone: list[float] = []
+    for template_id, ws_id, created, finished in rows:
+        held = max(0.0, (finished - created).total_seconds())
+        for runs in (templates[template_id], workspaces[ws_id], everyone):
+            runs.append(held)
+    for runs in (*templates.values(), *workspaces.values(), everyone):
+        runs.sort()
+    return History(dict(templates), dict(workspaces), everyone)
 
 
-def _runtime(history: tuple[float, float] | None, max_runtime: int | None) -> Runtime:
-    """A job's expected hold: its template's history capped by its max runtime; with no
-    history, the max runtime itself (the pessimistic answer: no job holds longer)."""
+def _runtime(runs: list[float] | None, max_runtime: int | None) -> Runtime:
+    """A job's expected hold: its history capped by its max runtime; with no history, the max
+    runtime itself (the pessimistic answer: no job holds longer)."""
     cap = float(max_runtime or FALLBACK_RUNTIME)
-    if history is None:
+    if not runs:
         return Runtime(cap, cap, cap)
-    return Runtime(min(history[0], cap), min(history[1], cap), cap)
+    capped = tuple(min(run, cap) for run in runs)
+    return Runtime(_quantile(capped, 0.5), _quantile(capped, 0.9), cap, capped)
 
 
 def _remaining(runtime: Runtime, elapsed: float) -> tuple[float, float]:
     """Seconds until a job that has held its reservation for ``elapsed`` releases it, at p50
-    and p90: a job past its median is expected at its p90, past that at its deadline."""
-    ends = []
-    for expected in (runtime.p50, runtime.p90):
-        later = [end for end in (expected, runtime.p90, runtime.cap) if end > elapsed]
-        ends.append(min(later) - elapsed if later else 0.0)
-    return ends[0], ends[1]
+    and p90: the median and 90th percentile of the runs of its history that lasted longer
+    than that (those are the runs it can still turn out to be); past them all, its deadline."""
+    longer = runtime.runs[bisect.bisect_right(runtime.runs, elapsed) :]
+    if not longer:
+        left = max(0.0, runtime.cap - elapsed)
+        return left, left
+    return _quantile(longer, 0.5) - elapsed, _quantile(longer, 0.9) - elapsed
 
 
 def _queue(job: Job, now: dt.datetime) -> tuple[list[Queued], Queued | None]:
@@ -245,7 +296,109 @@ def _running(organization_id: int, on_host: set[int]) -> list[tuple]:
     )
 
 
+def _recent_submissions(organization_id: int, now: dt.datetime) -> list[tuple]:
+    """The organisation's most recent submissions (at most :data:`ARRIVAL_SAMPLE`, within
+    :data:`ARRIVAL_WINDOW` seconds of ``now``), newest first, as :func:`_arrivals` reads them."""
+    since = now - dt.timedelta(seconds=ARRIVAL_WINDOW)
+    return list(
+        Job.objects.filter(
+            organization_id=organization_id, created_at__gt=since, created_at__lte=now
+        )
+        .annotate(
+            template_id=F("template_version__template_id"),
+            scanned_max_runtime=Cast(KT("spec__max_runtime_seconds"), IntegerField()),
+            scanned_gpu_flavor=KeyTransform("gpu_flavor", "spec"),
+        )
+        .order_by("-created_at")
+        .values_list(
+            "created_at",
+            "workspace_id",
+            "priority",
+            *(f"requested_{name}" for name in RESOURCES),
+            "scanned_max_runtime",
+            "template_id",
+            "scanned_gpu_flavor",
+        )[:ARRIVAL_SAMPLE]
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Arrivals:
+    """Each workspace's future submissions as the replay sees them: one every ``every[ws]``
+    seconds (its mean rate over the recent window), the k-th a copy of its k-th most recent
+    submission (cycling), so the sizes, templates and priorities are the ones it submits."""
+
+    every: dict[int, float]
+    jobs: dict[int, list[Queued]]
+
+    def start(self) -> list[tuple[float, int, int]]:
+        """The heap of each workspace's next arrival: (seconds from now, workspace, k)."""
+        heap = [(every, ws, 0) for ws, every in self.every.items()]
+        heapq.heapify(heap)
+        return heap
+
+
+def _arrivals(rows: list[tuple], organization_id: int, now: dt.datetime) -> Arrivals:
+    """Future submissions, from the recent ones: a workspace that submitted n jobs in the
+    window submits one every window ÷ n seconds from now on (a Poisson process's mean rate;
+    arrivals come in bursts, but a prediction cannot know when the next one comes). Fewer than
+    :data:`MIN_ARRIVALS` submissions: none. The window is :data:`ARRIVAL_WINDOW`, or, when the
+    sample is full, the time its oldest submission goes back."""
+    if len(rows) < MIN_ARRIVALS:
+        return Arrivals({}, {})
+    span = ARRIVAL_WINDOW
+    if len(rows) >= ARRIVAL_SAMPLE:
+        span = max(1.0, (now - rows[-1][0]).total_seconds())
+    jobs: dict[int, list[Queued]] = defaultdict(list)
+    for _, ws_id, priority, *amounts, max_runtime, template_id, flavors in rows:
+        jobs[ws_id].append(
+            Queued(
+                0,
+                ws_id,
+                organization_id,
+                priority,
+                now,
+                dict(zip(RESOURCES, amounts, strict=True)),
+                max_runtime or 0,
+                template_id,
+                gpu_flavors=tuple(flavors or ()),
+            )
+        )
+    return Arrivals({ws: span / len(submitted) for ws, submitted in jobs.items()}, dict(jobs))
+
+
 # --- the replay ----------------------------------------------------------------------------
+
+
+def _base_order(job: Queued) -> tuple:
+    return (-job.priority, job.queued_at, job.pk)
+
+
+class _Future:
+    """The submissions still to come during one replay, made as the clock reaches them."""
+
+    def __init__(self, arrivals: Arrivals, history: History, now: dt.datetime):
+        self.arrivals, self.history, self.now = arrivals, history, now
+        self.heap = arrivals.start()
+        self.made = 0
+        self.runtimes: dict[int, Runtime] = {}
+
+    def due(self, clock: float) -> Iterator[Queued]:
+        """The jobs submitted up to ``clock`` seconds from now (at most :data:`MAX_ARRIVALS`
+        in all), as queued jobs of their own."""
+        while self.heap and self.heap[0][0] <= clock and self.made < MAX_ARRIVALS:
+            at, ws_id, k = heapq.heappop(self.heap)
+            heapq.heappush(self.heap, (at + self.arrivals.every[ws_id], ws_id, k + 1))
+            like = self.arrivals.jobs[ws_id]
+            model = like[k % len(like)]
+            self.made += 1
+            job = dataclasses.replace(
+                model, pk=VIRTUAL_PK + self.made, queued_at=self.now + dt.timedelta(seconds=at)
+            )
+            self.runtimes[id(job)] = _runtime(
+                self.history.of(job.template_id, ws_id), job.max_runtime_seconds
+            )
+            yield job
 
 
 def _replay(
@@ -256,17 +409,22 @@ def _replay(
     runtimes: dict[int, Runtime],
     quantile: int,
     now: dt.datetime,
+    future: _Future | None = None,
 ) -> tuple[float | None, int]:
     """Seconds from now until ``job`` is admitted (None: never), and how many queued jobs are
-    admitted before it, replaying admission with the ``quantile`` (0: p50, 1: p90) run times.
-    ``ledger`` is changed: pass a copy."""
+    admitted before it, replaying admission with the ``quantile`` (0: p50, 1: p90) run times
+    and the ``future`` submissions. ``ledger`` is changed: pass a copy."""
     quota = ledger.org_quota
     policy = quota.policy if quota else QueuePolicy.FIFO
     max_wait = quota.balanced_max_wait_seconds if quota else 600
+    # fair_share weighs past usage, which grows as jobs end (quotas.services folds each
+    # released hold in): the replay does the same, or a workspace's key would stay as it is
+    # now however much the replay lets it run.
+    accrues = policy == QueuePolicy.FAIR_SHARE
     order = itertools.count()
     releases = [(held.ends[quantile], next(order), held) for held in running]
     heapq.heapify(releases)
-    remaining, clock, ahead = queue, 0.0, 0
+    remaining, clock, ahead = list(queue), 0.0, 0
     while True:
         at = now + dt.timedelta(seconds=clock)
         admitted = admission.plan(
@@ -280,10 +438,12 @@ def _replay(
         for admitted_job in admitted:
             if admitted_job is job:
                 return clock, ahead
-            ahead += 1
-            runtime = runtimes[id(admitted_job)]
+            ahead += admitted_job.pk < VIRTUAL_PK  # a future submission has no place yet
+            runtime = runtimes.get(id(admitted_job)) or future.runtimes[id(admitted_job)]
             flavor = ledger.flavors.flavor_of(admitted_job) if ledger.flavors else ""
-            hold = Running(admitted_job.workspace_id, admitted_job.requested, False, (0, 0), flavor)
+            hold = Running(
+                admitted_job.workspace_id, admitted_job.requested, False, (0, 0), flavor, clock
+            )
             end = clock + (runtime.p50, runtime.p90)[quantile]
             heapq.heappush(releases, (end, next(order), hold))
         if admitted:
@@ -296,8 +456,15 @@ def _replay(
             _, _, held = heapq.heappop(releases)
             if held.foreign:
                 ledger.host.add(held.requested, -1)
-            else:
-                ledger.hold(held, -1)
+                continue
+            ledger.hold(held, -1)
+            if accrues:
+                at = now + dt.timedelta(seconds=clock)
+                ledger.accrue(held.workspace_id, held.requested, clock - held.since, at)
+        # What was submitted meanwhile joins the queue in its place: the next pass weighs it
+        # (a pass runs when room is made; an arrival in a full organisation waits for one).
+        for arrived in future.due(clock) if future else ():
+            bisect.insort(remaining, arrived, key=_base_order)
 
 
 def cached_prediction(job: Job) -> Prediction:
@@ -341,11 +508,17 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
             f"more than {MAX_AHEAD} queued jobs come before it: too far back to predict",
         )
     rows = _running(job.organization_id, on_host)
-    history = template_runtimes([row[4] for row in rows] + [queued.template_id for queued in queue])
+    recent = _recent_submissions(job.organization_id, now)
+    arrivals = _arrivals(recent, job.organization_id, now)
+    history = template_runtimes(
+        [row[4] for row in rows]
+        + [queued.template_id for queued in queue]
+        + [model.template_id for models in arrivals.jobs.values() for model in models]
+    )
     running = []
     for org_id, ws_id, created, max_runtime, template_id, flavor, *amounts in rows:
         elapsed = (now - created).total_seconds()
-        runtime = _runtime(history.get(template_id), max_runtime)
+        runtime = _runtime(history.of(template_id, ws_id), max_runtime)
         running.append(
             Running(
                 ws_id,
@@ -353,16 +526,20 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
                 org_id != job.organization_id,
                 _remaining(runtime, elapsed),
                 flavor,
+                -elapsed,
             )
         )
     runtimes = {
-        id(queued): _runtime(history.get(queued.template_id), queued.max_runtime_seconds)
+        id(queued): _runtime(
+            history.of(queued.template_id, queued.workspace_id), queued.max_runtime_seconds
+        )
         for queued in queue
     }
     starts = []
     for quantile in (0, 1):
+        future = _Future(arrivals, history, now)
         wait, ahead = _replay(
-            copy.deepcopy(ledger), subject, queue, running, runtimes, quantile, now
+            copy.deepcopy(ledger), subject, queue, running, runtimes, quantile, now, future
         )
         starts.append((wait, ahead))
     (wait50, ahead), (wait90, _) = starts

@@ -373,6 +373,20 @@ class Ledger:
         held = {name: amount * per_second for name, amount in amounts.items()}
         return self._share_of_guarantee(guaranteed, held)
 
+    def accrue(
+        self, workspace_id: int, requested: dict[str, float], seconds: float, at: dt.datetime
+    ) -> None:
+        """Add a hold of ``requested`` for ``seconds`` that ended at ``at`` to the workspace's
+        past usage, as ``quotas.services.fair_share_usage_fold`` does when a reservation is
+        released: what a prediction's replay does at each simulated end."""
+        half_life = self.half_life_seconds
+        past = self.past.get(workspace_id)
+        amounts = past.at(at, half_life) if past else dict.fromkeys(RESOURCES, 0.0)
+        for name in RESOURCES:
+            amounts[name] += accrued(requested.get(name, 0.0), seconds, half_life)
+        self.past[workspace_id] = PastUsage(amounts, at)
+        self._past_sums = None  # the groups' sums at ``at`` are stale
+
     def weight(self, workspace_id: int) -> float:
         quota = self.ws_quotas.get(workspace_id)
         return quota.fair_share_weight if quota and quota.fair_share_weight > 0 else 1.0

@@ -72,6 +72,8 @@ def history(template, holds: list[float]) -> None:
         JobAttempt.objects.filter(pk=attempt.pk).update(
             created_at=end - dt.timedelta(seconds=seconds), finished_at=end
         )
+        # Submitted then too: not one of the recent submissions future ones are expected from.
+        Job.objects.filter(pk=job.pk).update(created_at=end - dt.timedelta(seconds=seconds))
 
 
 def seconds_after(now, moment) -> float:
@@ -324,3 +326,137 @@ def test_fair_share_predicts_the_workspace_that_used_less_first(world, gpu_templ
     assert prediction.predict_start(theirs, now=now).position == 0
     waiting = prediction.predict_start(mine, now=now)
     assert (waiting.position, seconds_after(now, waiting.p50)) == (2, MAX_RUNTIME)
+
+
+def submitted(template, count: int, *, within: float, now, priority: int = 5) -> None:
+    """``count`` jobs of ``template`` submitted evenly over the ``within`` seconds before
+    ``now`` (all ended since): the recent submissions the replay takes the rate from."""
+    version = template.versions.get()
+    for n in range(count):
+        job = JobFactory(
+            workspace=template.workspace,
+            template_version=version,
+            state=JobState.SUCCEEDED,
+            priority=priority,
+        )
+        Job.objects.filter(pk=job.pk).update(
+            created_at=now - dt.timedelta(seconds=within * (n + 1) / count)
+        )
+
+
+def two_workspaces(world, gpu_template, guarantee: float):
+    other = WorkspaceFactory(organization=world.org, slug="other")
+    for workspace in (world.ws, other):
+        WorkspaceQuota.objects.create(workspace=workspace, guaranteed_gpu=guarantee)
+    return JobTemplateFactory(
+        workspace=other, name="train", version__spec_changes=gpu_template.versions.get().spec
+    )
+
+
+def test_a_heavy_users_job_starts_after_the_light_users_expected_submissions(world, gpu_template):
+    """fair_share: a workspace that used less goes first, including with jobs it has not
+    submitted yet. The light workspace submitted 12 jobs in the last 6 hours, one every 30
+    minutes: the replay expects the next ones at +30 min, +60 min, …, each before the heavy
+    workspace's queued job."""
+    light = two_workspaces(world, gpu_template, guarantee=1)
+    history(gpu_template, [1200, 1200, 1200])
+    history(light, [1200, 1200, 1200])
+    capacity(world, 2, policy="fair_share")  # one 2-GPU job at a time
+    now = timezone.now() + dt.timedelta(seconds=30)
+    submitted(light, 12, within=prediction.ARRIVAL_WINDOW, now=now)
+    gpus = {"cpu": 0.0, "memory_gb": 0.0, "gpu": 2.0, "disk_gb": 0.0}
+    quota_services.fair_share_usage_fold(  # ml held 2 GPUs for 10 hours, ending now
+        [(world.org.pk, world.ws.pk, 10 * 3600, gpus)], now=now
+    )
+    run_for(world, gpu_template, seconds_ago=0, now=now)  # ends at +1200 s
+    mine = submit(world, gpu_template)
+
+    waiting = prediction.predict_start(mine, now=now)
+    # At +1200 s the running job ends: nothing else is queued, so mine starts (the light
+    # workspace's first expected job arrives at +1800 s, after).
+    assert seconds_after(now, waiting.p50) == 1200
+    assert waiting.position == 1
+
+    # Now the running job is expected to hold until +2000 s: by then the light workspace's
+    # next job has arrived (+1800 s) and, having used less, goes first; mine starts at its
+    # end (2000 + 1200), and the future job is not counted in the position.
+    JobAttempt.objects.filter(job__template_version__template=gpu_template).delete()
+    history(gpu_template, [2000, 2000, 2000])
+    waiting = prediction.predict_start(mine, now=now)
+    assert seconds_after(now, waiting.p50) == 3200
+    assert waiting.position == 1
+
+    # Under fifo the same future job comes after mine: it cannot overtake.
+    OrgQuota.objects.filter(organization=world.org).update(policy="fifo")
+    assert seconds_after(now, prediction.predict_start(mine, now=now).p50) == 2000
+
+
+def test_a_higher_priority_stream_is_expected_to_go_first_even_under_fifo(world, gpu_template):
+    urgent = two_workspaces(world, gpu_template, guarantee=1)
+    history(gpu_template, [1000, 1000, 1000])
+    capacity(world, 2, policy="fifo")
+    now = timezone.now() + dt.timedelta(seconds=30)
+    # The other workspace submitted 12 urgent jobs in the last 6 h: one is expected every
+    # 30 min, the first at +1800 s.
+    submitted(urgent, 12, within=prediction.ARRIVAL_WINDOW, now=now, priority=9)
+    run_for(world, gpu_template, seconds_ago=0, now=now)
+    queued = submit(world, gpu_template)
+    # The running job ends at +1000 s: the queued job starts then, before any urgent arrival.
+    assert seconds_after(now, prediction.predict_start(queued, now=now).p50) == 1000
+
+    Reservation.objects.update(created_at=now + dt.timedelta(seconds=1000))  # ends at +2000 s
+    # By then an urgent job arrived (+1800 s): it goes first, and mine waits for its end.
+    assert seconds_after(now, prediction.predict_start(queued, now=now).p50) == 3000
+
+
+def test_too_few_recent_submissions_say_nothing_about_a_rate(world, gpu_template):
+    history(gpu_template, [1000, 1000, 1000])
+    capacity(world, 2, policy="round_robin")
+    now = timezone.now() + dt.timedelta(seconds=30)
+    submitted(gpu_template, prediction.MIN_ARRIVALS - 4, within=600, now=now, priority=9)
+    run_for(world, gpu_template, seconds_ago=0, now=now)
+    Reservation.objects.update(created_at=now + dt.timedelta(seconds=1000))
+    queued = submit(world, gpu_template)  # with the one running: MIN_ARRIVALS - 2 recent
+    assert seconds_after(now, prediction.predict_start(queued, now=now).p50) == 2000
+
+
+def test_fair_share_usage_grows_as_the_replayed_jobs_end(world, gpu_template):
+    """The running job's hold is folded into its workspace's past usage when it ends, as
+    admission does when its reservation is released: the other workspace, which used nothing,
+    goes first, although ml's job was queued before it."""
+    other = two_workspaces(world, gpu_template, guarantee=1)
+    capacity(world, 2, policy="fair_share")
+    now = timezone.now() + dt.timedelta(seconds=30)
+    run_for(world, gpu_template, seconds_ago=100, now=now)  # no history: ends at +2900 s
+    mine = submit(world, gpu_template)
+    theirs = job_services.job_submit(
+        actor=Actor.for_user(world.users["owner"]), workspace=other.workspace, template=other
+    )
+    assert seconds_after(now, prediction.predict_start(theirs, now=now).p50) == 2900
+    waiting = prediction.predict_start(mine, now=now)
+    assert (waiting.position, seconds_after(now, waiting.p50)) == (2, 2900 + MAX_RUNTIME)
+
+
+def test_a_running_job_is_expected_as_the_runs_that_lasted_longer(world, gpu_template):
+    # Holds of 100 … 1000 s; 250 s in, the runs it can still be are 300, 400 and 1000 s: their
+    # median is 400 s (150 s more), their p90 1000 s (750 s more).
+    history(gpu_template, [100, 200, 300, 400, 1000])
+    capacity(world, 2)
+    now = timezone.now()
+    run_for(world, gpu_template, seconds_ago=250, now=now)
+    predicted = prediction.predict_start(submit(world, gpu_template), now=now)
+    assert (seconds_after(now, predicted.p50), seconds_after(now, predicted.p90)) == (150, 750)
+
+
+def test_a_new_template_takes_its_workspaces_history(world, gpu_template):
+    """A template with no runs yet is expected to run like its workspace's other templates,
+    not to its max runtime."""
+    history(gpu_template, [100, 200, 300])
+    fresh = JobTemplateFactory(
+        workspace=world.ws, name="fresh", version__spec_changes=gpu_template.versions.get().spec
+    )
+    capacity(world, 2)
+    now = timezone.now()
+    run_for(world, fresh, seconds_ago=0, now=now)
+    predicted = prediction.predict_start(submit(world, gpu_template), now=now)
+    assert (seconds_after(now, predicted.p50), seconds_after(now, predicted.p90)) == (200, 300)
