@@ -135,6 +135,8 @@ class Job(models.Model):
                 fields=["workspace", "state", "-priority", "queued_at", "id"],
                 name="job_ws_queue_idx",
             ),
+            # the organisation's recent submissions, newest first (jobs.prediction's arrivals)
+            models.Index(fields=["organization", "-created_at"], name="job_org_created_idx"),
         ]
 
     def __str__(self) -> str:
