@@ -374,8 +374,8 @@ def _merge(target: Usage, usage: Usage) -> None:
 
 def drift_over_limits() -> dict[str, int]:
     """How many organisations, quota groups and workspaces hold more than their capacity, limit
-    or max-running cap allows (0 everywhere when admission kept its invariants). A group holds
-    what its workspaces hold, at any depth."""
+    or max-running cap allows, of a resource or of a GPU flavor (0 everywhere when admission
+    kept its invariants). A group holds what its workspaces hold, at any depth."""
     drift = {"over_capacity": 0, "over_limit": 0, "over_running": 0}
     orgs = {q.organization_id: q for q in OrgQuota.objects.all()}
     workspaces = {q.workspace_id: q for q in WorkspaceQuota.objects.all()}
@@ -408,4 +408,41 @@ def drift_over_limits() -> dict[str, int]:
             )
         cap = group.max_running_jobs
         drift["over_running"] += int(cap is not None and usage.running > cap)
+    _flavor_drift(drift, orgs, workspaces, groups)
     return drift
+
+
+def _flavor_drift(
+    drift: dict[str, int],
+    orgs: dict[int, OrgQuota],
+    workspaces: dict[int, WorkspaceQuota],
+    groups: dict[int, QuotaGroup],
+) -> None:
+    """Add the GPU flavors' drift: organisations over a flavor's capacity, workspaces and
+    groups over a flavor's limit (one query)."""
+    held: dict[tuple[str, int, str], float] = defaultdict(float)
+    rows = (
+        active_reservations()
+        .filter(gpu__gt=0)
+        .exclude(gpu_flavor=UNTYPED)
+        .order_by()
+        .values_list("organization_id", "workspace_id", "gpu_flavor")
+        .annotate(gpus=Sum("gpu"))
+    )
+    for org_id, ws_id, flavor, gpus in rows:
+        held["org", org_id, flavor] += gpus
+        held["ws", ws_id, flavor] += gpus
+        quota = workspaces.get(ws_id)
+        node, seen = (quota.group_id if quota else None), set()
+        while node in groups and node not in seen:
+            seen.add(node)
+            held["group", node, flavor] += gpus
+            node = groups[node].parent_id
+    for (level, pk, flavor), gpus in held.items():
+        if level == "org":
+            ceiling = (orgs[pk].gpu_flavors or {}).get(flavor) if pk in orgs else None
+        else:
+            quota = workspaces.get(pk) if level == "ws" else groups.get(pk)
+            ceiling = ((quota.gpu_flavors or {}).get(flavor) or {}).get("limit") if quota else None
+        over = "over_capacity" if level == "org" else "over_limit"
+        drift[over] += int(ceiling is not None and gpus > ceiling + EPSILON)

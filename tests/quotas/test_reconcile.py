@@ -6,7 +6,8 @@ from rest_framework.test import APIClient
 from jobs import accounting, admission
 from jobs.metrics_snapshot import snapshot_refresh
 from jobs.models import Job
-from quotas.models import OrgQuota, Reservation, WorkspaceQuota
+from quotas.models import OrgQuota, QuotaGroup, Reservation, WorkspaceQuota
+from tests.factories import JobFactory
 
 HEALTHY = {"orphan_reservations": 0, "missing_reservations": 0, "over_capacity": 0,
            "over_limit": 0, "over_running": 0}  # fmt: skip
@@ -43,3 +44,29 @@ def test_drift_is_found_and_exported(world, template, caplog):
     text = APIClient().get("/metrics").content.decode()
     assert 'manta_quota_drift{kind="orphan_reservations"} 1.0' in text
     assert 'manta_jobs{organization="acme",state="running",workspace="ml"} 1.0' in text
+
+
+def test_flavor_drift_counts_org_group_and_workspace_over_a_flavor(world):
+    """Reservations written behind admission's back: 3 h100 held under a division whose h100
+    limit is 2, a workspace whose h100 limit is 2 and an organisation with 2 h100: each is one
+    count of drift; the same GPUs of another flavor, or untyped, are none."""
+    OrgQuota.objects.create(organization=world.org, gpu=16, gpu_flavors={"h100": 2, "a100": 8})
+    division = QuotaGroup.objects.create(
+        organization=world.org, name="division", gpu_flavors={"h100": {"limit": 2}}
+    )
+    WorkspaceQuota.objects.create(
+        workspace=world.ws, group=division, gpu_flavors={"h100": {"guaranteed": 0, "limit": 2}}
+    )
+    assert accounting.reconcile() == HEALTHY
+    for flavor, gpus in (("a100", 3), ("", 3)):
+        Reservation.objects.create(job=JobFactory(workspace=world.ws, state="running"),
+                                   organization=world.org, workspace=world.ws, cpu=0,
+                                   memory_gb=0, gpu=gpus, gpu_flavor=flavor)  # fmt: skip
+    drift = accounting.reconcile()
+    assert (drift["over_capacity"], drift["over_limit"]) == (0, 0)
+    Reservation.objects.create(job=JobFactory(workspace=world.ws, state="running"),
+                               organization=world.org, workspace=world.ws, cpu=0, memory_gb=0,
+                               gpu=3, gpu_flavor="h100")  # fmt: skip
+    drift = accounting.reconcile()
+    assert drift["over_capacity"] == 1  # the organisation's 2 h100
+    assert drift["over_limit"] == 2  # the workspace's and the division's h100 limit
