@@ -24,7 +24,7 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.db.models import Count, IntegerField, Min, Q, Sum
-from django.db.models.fields.json import KT
+from django.db.models.fields.json import KT, KeyTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -57,6 +57,7 @@ REASONS = (
     "group_max_running",
     "org_capacity",  # what the organisation's other jobs hold
     "org_max_running",
+    "gpu_flavor",  # no GPU flavor the job accepts has room (at any level, or its budget is spent)
     "host_capacity",  # the shared local host is full
     "admission_pass",  # it fits: the next pass (or the queue's order) admits it
 )
@@ -70,6 +71,7 @@ class Shape:
     requested: dict[str, float]
     max_runtime_seconds: int
     pk: int = 0
+    gpu_flavors: tuple[str, ...] = ()  # the GPU flavors they accept, in order (empty: any)
 
 
 def reason_of(ledger, claim) -> str:
@@ -88,6 +90,8 @@ def reason_of(ledger, claim) -> str:
             else ("limit" if level == "group" else "capacity")
         )
         return f"{level}_{kind}"
+    if ledger.flavor_blocker(claim):
+        return "gpu_flavor"
     return "host_capacity" if ledger.host_blocker(claim) else "admission_pass"
 
 
@@ -152,7 +156,10 @@ def _pending(jobs: dict[str, list]) -> dict[str, int]:
     shapes = (
         Job.objects.filter(state=JobState.QUEUED)
         .order_by()
-        .annotate(runtime=Cast(KT("spec__max_runtime_seconds"), IntegerField()))
+        .annotate(
+            runtime=Cast(KT("spec__max_runtime_seconds"), IntegerField()),
+            flavors=KeyTransform("gpu_flavor", "spec"),
+        )
         .values_list(
             "organization_id",
             "workspace_id",
@@ -161,15 +168,17 @@ def _pending(jobs: dict[str, list]) -> dict[str, int]:
             "requested_gpu",
             "requested_disk_gb",
             "runtime",
+            "flavors",
         )
         .annotate(n=Count("id"))
     )
     ledgers = {}
-    for org_id, ws_id, cpu, memory, gpu, disk, runtime, count in shapes:
+    for org_id, ws_id, cpu, memory, gpu, disk, runtime, flavors, count in shapes:
         if org_id not in ledgers:
             ledgers[org_id] = ledger_for(org_id)
         requested = {"cpu": cpu, "memory_gb": memory, "gpu": gpu, "disk_gb": disk}
-        reason = reason_of(ledgers[org_id], Shape(ws_id, requested, runtime or 0))
+        shape = Shape(ws_id, requested, runtime or 0, gpu_flavors=tuple(flavors or ()))
+        reason = reason_of(ledgers[org_id], shape)
         key = f"{ws_id}:{reason}"
         pending[key] = pending.get(key, 0) + count
     return pending

@@ -103,6 +103,11 @@ def test_an_h100_job_never_takes_a100_capacity_and_names_h100_while_it_waits(wor
     detail = world.client("developer").get(f"{JOBS}{first}/").json()
     assert detail["gpu_flavor"] == "h100" and detail["attempts"][0]["gpu_flavor"] == "h100"
     assert detail["spec"]["gpu_flavor"] == ["h100"]
+    snapshot_refresh()  # and /metrics counts it as waiting for its flavor
+    found = samples(scrape())
+    tenant = {"organization": "acme", "workspace": "ml"}
+    assert value(found, "manta_pending_jobs", **tenant, reason="gpu_flavor") == 1
+    assert value(found, "manta_pending_jobs", **tenant, reason="admission_pass") == 0
 
 
 def test_a_job_accepting_h100_then_a100_falls_back_to_a100(world, typed_host):
