@@ -226,20 +226,38 @@ def _plan_fair_share(
             heapq.heappush(heap, _fair_key(ledger, ws, head, now))
     admitted: list[Job] = []
     held_back: set[str] = set()
+    held_flavors: set[str] = set()
     while heap:
         *_, ws_id, job = heapq.heappop(heap)
         if any(job.requested[name] for name in held_back):
             continue  # it needs what a job ahead of it has waited too long for
         if ledger.blocker(job):
             if _waited(job, now) > max_wait and _owed(ledger, job):
-                held_back.update(ledger.short_of(job) or RESOURCES)
+                hold_back_for(ledger, job, held_back, held_flavors)
             continue  # its head does not fit: the workspace waits this pass
+        if ledger.takes_flavor(job, held_flavors):
+            continue  # it would take a GPU of the flavor an overdue job waits for
         ledger.hold(job)
         admitted.append(job)
         following = next(queues[ws_id], None)
         if following is not None:
             heapq.heappush(heap, _fair_key(ledger, ws_id, following, now))
     return admitted
+
+
+def hold_back_for(ledger: Ledger, job: Job, resources: set, flavors: set[str]) -> None:
+    """Add what an overdue ``job`` waits for to what later jobs may not take this pass: the
+    resources the organisation is short of for it, else the GPU flavors it accepts when a
+    flavor is all that keeps it out, else everything."""
+    short = ledger.short_of(job)
+    if short:
+        resources.update(short)
+        return
+    short_flavors = ledger.flavors_short_of(job)
+    if short_flavors:
+        flavors.update(short_flavors)
+    else:
+        resources.update(RESOURCES)
 
 
 def _owed(ledger: Ledger, job: Job) -> bool:

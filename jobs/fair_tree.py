@@ -91,6 +91,7 @@ def plan_fair_tree(
             active[group_id] -= 1
 
     held_back: set[tuple[int | None, str]] = set()  # (node, resource or "running")
+    held_flavors: set[str] = set()  # GPU flavors an overdue job waits for
 
     def behind(job: Any) -> bool:
         path = tree.path(job.workspace_id)
@@ -113,9 +114,17 @@ def plan_fair_tree(
             continue
         if ledger.blocker(job):
             if overdue(job):
+                # What it is short of, else the GPU flavors it accepts (a flavor is all that
+                # keeps it out), else everything: as jobs.admission.hold_back_for.
                 short = {(node, name) for node, name, _ in ledger.shortages(job)}
-                held_back.update(short or {(ROOT, name) for name in RESOURCES})
+                flavors = set() if short else ledger.flavors_short_of(job)
+                held_flavors.update(flavors)
+                if short or not flavors:
+                    held_back.update(short or {(ROOT, name) for name in RESOURCES})
             drop(pk)  # its head does not fit: the workspace waits this pass
+            continue
+        if ledger.takes_flavor(job, held_flavors):
+            drop(pk)  # it would take a GPU of the flavor an overdue job waits for
             continue
         ledger.hold(job)
         admitted.append(job)

@@ -271,6 +271,22 @@ class Ledger:
                 (f"organisation max_running_jobs {org_max}: {self.org.running} running"),
             )
 
+    def flavors_short_of(self, claim: Claim) -> set[str]:
+        """The GPU flavors ``claim`` accepts when a flavor is what keeps it out (none when it
+        is not, or when flavors are not counted): what holding back for it means."""
+        if self.flavors is None or not claim.requested["gpu"] or not self.flavor_blocker(claim):
+            return set()
+        return set(self.flavors.candidates(claim))
+
+    def takes_flavor(self, claim: Claim, flavors: set[str]) -> bool:
+        """Whether ``claim``, which fits, would take a GPU of one of ``flavors``."""
+        return (
+            bool(flavors)
+            and self.flavors is not None
+            and bool(claim.requested["gpu"])
+            and self.flavors.flavor_of(claim) in flavors
+        )
+
     def short_of(self, claim: Claim) -> list[str]:
         """The resources the organisation has too little of left for ``claim``."""
         return [

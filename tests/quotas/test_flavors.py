@@ -15,8 +15,9 @@ from jobs import admission, local_host
 from jobs import services as job_services
 from jobs.metrics_snapshot import snapshot_refresh
 from jobs.models import Job, JobAttempt
-from quotas.models import OrgQuota, Reservation, WorkspaceQuota
+from quotas.models import OrgQuota, QuotaGroup, Reservation, WorkspaceQuota
 from tests.conftest import SYSTEM
+from tests.factories import WorkspaceFactory
 from tests.jobs.conftest import counter_spec
 from tests.jobs.test_metrics import samples, scrape, value
 from workspaces import services as ws_services
@@ -290,3 +291,33 @@ def test_flavor_quotas_round_trip_and_shrinking_capacity_below_guarantees_is_ref
     assert shrink.status_code == 400
     assert "gpu_flavors.h100.guaranteed" in shrink.json()["errors"], shrink.json()
     assert OrgQuota.objects.get().gpu_flavors == {"h100": 8}
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_an_overdue_job_owed_a_flavor_holds_back_only_that_flavor(world, typed_host, grouped):
+    """fair_share, two h100 and two a100 on the host. ml is guaranteed both h100 and its
+    2-h100 job has waited past balanced_max_wait_seconds while other borrows one h100. other's
+    next h100 job would take the last free h100 and keep ml waiting: it is held back. third's
+    a100 job needs nothing ml waits for: it starts (holding back every resource would have kept
+    it waiting too). The same under a quota group (the Fair Tree's pass)."""
+    other = WorkspaceFactory(organization=world.org, slug="other")
+    third = WorkspaceFactory(organization=world.org, slug="third")
+    group = QuotaGroup.objects.create(organization=world.org, name="all") if grouped else None
+    WorkspaceQuota.objects.create(
+        workspace=world.ws, group=group, gpu_flavors={"h100": {"guaranteed": 2}}
+    )
+    for ws in (other, third):
+        WorkspaceQuota.objects.create(workspace=ws, group=group)
+    policy(world, "fair_share", balanced_max_wait_seconds=600)
+    templates = {ws.slug: gpu_template(ws) for ws in (world.ws, other, third)}
+    borrowed = queue(world, other, templates["other"], 1, "h100", minutes_ago=60)
+    assert admission.admit(world.org.pk) == [borrowed]
+
+    owed = queue(world, world.ws, templates["ml"], 2, "h100", minutes_ago=30)
+    would_take = queue(world, other, templates["other"], 1, "h100", minutes_ago=1)
+    elsewhere = queue(world, third, templates["third"], 1, "a100", minutes_ago=1)
+    assert admission.admit(world.org.pk) == [elsewhere]
+    assert flavor_of(elsewhere) == "a100"
+    assert set(Job.objects.filter(pk__in=[owed, would_take]).values_list("state", flat=True)) == {
+        "queued"
+    }
