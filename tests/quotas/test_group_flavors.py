@@ -324,6 +324,12 @@ def flavors(h100=None, **more):
          "gpu_flavors.h100.lending_limit"),
         # the organisation's capacity under the groups' guarantees
         ("quota/", {"gpu_flavors": {"h100": 5}}, "gpu_flavors.h100.guaranteed"),
+        # hostile values: a huge number, an unknown key, a NUL in a flavor's name
+        ("quota-groups/vision/", flavors(limit=1e12), "gpu_flavors.h100.limit"),
+        ("quota-groups/vision/", flavors(surprise=1), "gpu_flavors.h100"),
+        ("quota-groups/vision/", {"gpu_flavors": {"h1\x0000": {"guaranteed": 1}}}, "gpu_flavors"),
+        ("workspaces/ml/quota/", flavors(gpu_hours_per_month=1e300),
+         "gpu_flavors.h100.gpu_hours_per_month"),
     ],
 )  # fmt: skip
 def test_flavor_quotas_of_the_tree_are_validated_naming_the_field(tree, url, body, field):
