@@ -236,11 +236,18 @@ def test_bad_kuberay_pool_input_is_refused_naming_the_field(world, k8s):
         ({"workspace": "nowhere"}, "workspace"),
         ({"gpu_flavor": "h100"}, "gpu_flavor"),
         ({"workspace": ""}, "workspace"),  # the default pattern needs a workspace
+        # hostile values: a path, a NUL, an overlong name, a malformed flavor
+        ({"workspace": "../../etc"}, "workspace"),
+        ({"workspace": "ml\x00x"}, "workspace"),
+        ({"workspace": "w" * 65}, "workspace"),
+        ({"gpu_flavor": "H100; rm -rf /"}, "gpu_flavor"),
     ]:
         payload = {"target_name": "k8s", "spec": shape(), "workspace": world.ws.slug, **body}
+        pools = WarmPool.objects.count()
         response = admin.post(API, payload, format="json")
         assert response.status_code == 400, response.content
         assert field in response.json()["errors"], response.json()
+        assert WarmPool.objects.count() == pools
     local = admin.post(API, {"spec": shape(), "workspace": world.ws.slug}, format="json")
     assert local.status_code == 400 and "workspace" in local.json()["errors"]
 
