@@ -7,10 +7,7 @@ system: ``KubeStub`` (``tests/launchers/kube_stub.py``) stands in for it on 127.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection
 
 from config import secrets as secrets_box
 from jobs import pool_upkeep, pools
@@ -20,6 +17,7 @@ from jobs.models import JobAttempt, WarmPool
 from tests import factories as f
 from tests.conftest import SYSTEM
 from tests.jobs.conftest import counter_spec
+from tests.jobs.test_pool_claims import at_once
 from tests.launchers.kube_stub import KubeStub
 
 
@@ -65,28 +63,15 @@ def test_two_attempts_claiming_at_once_never_get_the_same_raycluster(stub):
         )
         for _ in range(6)
     ]
-    barrier = threading.Barrier(len(attempts))
-    got: dict[str, str | None] = {}
-    errors: list[str] = []
 
-    def take(attempt: JobAttempt) -> None:
-        try:
-            attempt = JobAttempt.objects.select_related("job__workspace").get(pk=attempt.pk)
-            request = launch_request(attempt, resolve_target(attempt.job))
-            barrier.wait()
-            taken = pool_upkeep.warm_take(attempt, request, "kuberay")
-            got[str(attempt.pk)] = taken and taken[0]["ray_cluster"]
-        except Exception as exc:  # reported below, with the claims that worked
-            errors.append(repr(exc))
-        finally:
-            connection.close()
+    loaded = JobAttempt.objects.select_related("job__workspace").in_bulk([a.pk for a in attempts])
+    requests = {pk: launch_request(a, resolve_target(a.job)) for pk, a in loaded.items()}
 
-    threads = [threading.Thread(target=take, args=(a,)) for a in attempts]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    def take(attempt: JobAttempt) -> str | None:  # only the take races: the rest is done
+        taken = pool_upkeep.warm_take(loaded[attempt.pk], requests[attempt.pk], "kuberay")
+        return taken and taken[0]["ray_cluster"]
+
+    got = at_once(attempts, take)
     taken = [name for name in got.values() if name]
     assert len(taken) == 3 and len(set(taken)) == 3  # each RayCluster once, none twice
     selectors = [
