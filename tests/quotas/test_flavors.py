@@ -45,7 +45,7 @@ def gpu_template(workspace):
         workspace=workspace,
         name="gpu",
         spec=counter_spec(worker_groups=[]),
-        allowed_overrides=["worker_groups", "priority", "gpu_flavor"],
+        allowed_overrides=["worker_groups", "priority", "gpu_flavor", "max_runtime_seconds"],
     ).template
 
 

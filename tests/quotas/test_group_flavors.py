@@ -24,9 +24,8 @@ from jobs.models import Job, JobAttempt
 from outbox.models import DomainEvent
 from quotas import services
 from quotas.models import OrgQuota, QuotaGroup, Reservation, WorkspaceQuota
-from tests.conftest import SYSTEM
 from tests.factories import WorkspaceFactory
-from tests.jobs.conftest import counter_spec
+from tests.quotas.test_flavors import gpu_template
 
 API = "/api/v1/orgs/acme/"
 GROUPS = API + "quota-groups/"
@@ -48,16 +47,6 @@ def typed_host(settings):
     typed_inventory(settings)
     yield
     local_host.gpu_inventory.cache_clear()
-
-
-def gpu_template(workspace):
-    return job_services.template_create(
-        actor=SYSTEM,
-        workspace=workspace,
-        name="gpu",
-        spec=counter_spec(worker_groups=[]),
-        allowed_overrides=["worker_groups", "priority", "gpu_flavor", "max_runtime_seconds"],
-    ).template
 
 
 def overrides(gpu, flavor, **more):
