@@ -281,6 +281,8 @@ def test_prometheus_sees_the_scenario(world, stack):
             v('manta_jobs{workspace="ml", state="failed"}') == 1
             and v('manta_jobs{workspace="research", state="cancelled"}') == 1
             and failed >= 3
+            # the worker's counter of that failure is scraped apart from the API's levels
+            and v('sum(manta_job_failures_total{workspace="ml"})') is not None
         )
 
     wait_until(settled, 30, lambda: "the last levels never reached Prometheus")
