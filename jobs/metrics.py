@@ -129,6 +129,11 @@ class SnapshotCollector:
         flavor_used = family(
             "manta_gpu_flavor_hours_used", "GPU-hours of a flavor used this month", "flavor"
         )
+        flavor_budget = family(
+            "manta_gpu_flavor_hours_budget",
+            "GPU-hours budget per month of a flavor (where set)",
+            "flavor",
+        )
         for pk, values in taken["workspaces"].items():  # [organization slug, workspace slug]
             for state in JobState.values:
                 count, oldest = taken["jobs"].get(f"{pk}:{state}", (0, None))
@@ -153,11 +158,14 @@ class SnapshotCollector:
             # now or used this month: one that is held no more reads 0, not absent.
             flavors_held = taken.get("flavors_reserved", {}).get(pk, {})
             flavors_used = taken.get("flavor_gpu_hours", {}).get(pk, {})
-            for flavor in sorted({*flavors_held, *flavors_used}):
+            flavor_budgets = quota.get("flavor_gpu_hours_budget", {})
+            for flavor in sorted({*flavors_held, *flavors_used, *flavor_budgets}):
                 flavor_reserved.add_metric([*values, flavor], flavors_held.get(flavor, 0.0))
                 flavor_used.add_metric([*values, flavor], round(flavors_used.get(flavor, 0.0), 6))
+            for flavor, hours in sorted(flavor_budgets.items()):
+                flavor_budget.add_metric([*values, flavor], hours)
         yield from (jobs, since, pending, guaranteed, limit, reserved, used, budget)
-        yield from (flavor_reserved, flavor_used)
+        yield from (flavor_reserved, flavor_used, flavor_budget)
         capacity = GaugeMetricFamily(
             "manta_org_capacity",
             "Organisation capacity (where set)",

@@ -191,6 +191,11 @@ def _quotas() -> dict[str, dict[str, Any]]:
             "guaranteed": quota.guaranteed(),
             "limit": {name: value for name, value in quota.limit().items() if value is not None},
             "gpu_hours_budget": quota.gpu_hours_per_month,
+            "flavor_gpu_hours_budget": {
+                flavor: entry["gpu_hours_per_month"]
+                for flavor, entry in (quota.gpu_flavors or {}).items()
+                if isinstance(entry, dict) and entry.get("gpu_hours_per_month") is not None
+            },
         }
     return quotas
 

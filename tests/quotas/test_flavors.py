@@ -178,7 +178,11 @@ def test_usage_per_flavor(world, typed_host):
     template = gpu_template(world.ws)
     policy(world)
     WorkspaceQuota.objects.create(
-        workspace=world.ws, gpu_flavors={"h100": {"guaranteed": 1, "limit": 2}}
+        workspace=world.ws,
+        gpu_flavors={
+            "h100": {"guaranteed": 1, "limit": 2},
+            "l4": {"gpu_hours_per_month": 40},  # a budget for a flavor it has not used yet
+        },
     )
     h100 = queue(world, world.ws, template, 2, "h100", minutes_ago=2)
     a100 = queue(world, world.ws, template, 1, "a100", minutes_ago=1)
@@ -187,7 +191,7 @@ def test_usage_per_flavor(world, typed_host):
     JobAttempt.objects.filter(job_id__in=[h100, a100]).update(running_at=hour_ago)
     usage = world.client("viewer").get(USAGE).json()
     flavors = usage["gpu_flavors"]
-    assert set(flavors) == {"h100", "a100"}
+    assert set(flavors) == {"h100", "a100", "l4"}
     assert flavors["h100"]["reserved"] == 2 and flavors["a100"]["reserved"] == 1
     assert flavors["h100"]["guaranteed"] == 1 and flavors["h100"]["limit"] == 2
     assert flavors["a100"]["limit"] is None
@@ -203,6 +207,9 @@ def test_usage_per_flavor(world, typed_host):
     used = value(found, "manta_gpu_flavor_hours_used", **tenant, flavor="h100")
     assert used == pytest.approx(2.0, abs=0.01)
     assert value(found, "manta_gpu_flavor_reserved", **tenant, flavor="") is None
+    assert value(found, "manta_gpu_flavor_hours_budget", **tenant, flavor="l4") == 40
+    assert value(found, "manta_gpu_flavor_hours_used", **tenant, flavor="l4") == 0
+    assert value(found, "manta_gpu_flavor_hours_budget", **tenant, flavor="h100") is None
 
 
 def submit_api(world, template, body):
