@@ -14,13 +14,17 @@ sandbox (own uid, namespaces, cgroups, slirp4netns), cold without it
 (size 1) whose cluster is idle when the job is approved (``jobs/pools.py``; the pool is sized 0
 again, and its clusters stopped, before the next cold run).
 
-Prints the medians, the ratios warm / by hand (goal ≤ 0.3) and cold / by hand (goal ≤ 1.0),
-and sandbox / off (goal: the sandbox adds ≤ 10 % to approval → running).
+Every run starts once no Ray process of an earlier run is left (the by-hand cluster is stopped
+by killing its `ray start` sessions whole: Ray renames its agents and workers, and one left
+running takes CPU from the runs after it). Prints the medians, the ratios warm / by hand
+(goal ≤ 0.3) and cold / by hand (goal ≤ 1.0), and sandbox / off (goal: the sandbox adds ≤ 10 %
+to approval → running).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import shutil
@@ -78,9 +82,11 @@ def by_hand() -> dict[str, float]:
         "--max-worker-port=0",
     ]
     timings: dict[str, float] = {}
+    sessions: list[int] = []  # each `ray start` leads its own session, and its node's processes
     t0 = time.monotonic()
     try:
-        subprocess.run(
+        start(
+            sessions,
             [
                 ray,
                 "start",
@@ -100,14 +106,12 @@ def by_hand() -> dict[str, float]:
                 f"--object-manager-port={om}",
                 *common,
             ],
-            env=env,
-            check=True,
-            capture_output=True,
-            start_new_session=True,
+            env,
         )
         timings["head"] = time.monotonic() - t0
         t1 = time.monotonic()
-        subprocess.run(
+        start(
+            sessions,
             [
                 ray,
                 "start",
@@ -122,10 +126,7 @@ def by_hand() -> dict[str, float]:
                 f"--object-manager-port={w_om}",
                 *common,
             ],
-            env=env,
-            check=True,
-            capture_output=True,
-            start_new_session=True,
+            env,
         )
         timings["worker"] = time.monotonic() - t1
         t2 = time.monotonic()
@@ -136,21 +137,76 @@ def by_hand() -> dict[str, float]:
         timings["job"] = time.monotonic() - t2
         timings["total"] = time.monotonic() - t0
     finally:
-        kill_under(base)
+        kill_sessions(sessions)
         shutil.rmtree(base, ignore_errors=True)
     return timings
 
 
-def kill_under(path: str) -> None:
-    """Stop the by-hand cluster without `ray stop` (which would stop every cluster here)."""
-    marker = path.encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+def start(sessions: list[int], command: list[str], env: dict[str, str]) -> None:
+    """Run one `ray start` in a session of its own (noted in ``sessions``) until it returns."""
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    sessions.append(process.pid)
+    output, _ = process.communicate()
+    if process.returncode:
+        raise RuntimeError(f"{command[:3]} failed:\n{output.decode(errors='replace')}")
+
+
+def kill_sessions(sessions: list[int]) -> None:
+    """Stop the by-hand cluster without `ray stop` (which would stop every cluster here): every
+    process of its `ray start` sessions, until none is left. Matching a path in the command
+    line is not enough: Ray renames its agents and workers (``ray::DashboardAgent``), and any
+    left running would take CPU from the runs that follow."""
+    for _ in range(50):
+        members = [pid for pid in _pids() if _session(pid) in sessions]
+        if not members:
+            return
+        for pid in members:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    raise RuntimeError(f"processes of the by-hand cluster outlived SIGKILL: {members}")
+
+
+RAY_PROCESS_NAMES = (b"ray::", b"raylet", b"gcs_server", b"/ray/dashboard/", b"slirp4netns")
+
+
+def wait_quiet(timeout: float = 30) -> None:
+    """Every run starts on a machine no earlier run's cluster still takes CPU from: wait until
+    no Ray process (nor a sandbox's network helper) is left, and say so if one outlives
+    ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = []
+        for pid in _pids():
             try:
-                if marker in (entry / "cmdline").read_bytes():
-                    os.kill(int(entry.name), signal.SIGKILL)
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read()
             except OSError:
-                pass
+                continue
+            if any(name in cmdline for name in RAY_PROCESS_NAMES):
+                left.append(cmdline.replace(b"\0", b" ")[:80].decode(errors="replace"))
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            print(f"warning: {len(left)} Ray processes of earlier runs still run: {left[:3]}")
+            return
+        time.sleep(0.2)
+
+
+def _pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _session(pid: int) -> int | None:
+    """The session id of ``pid`` (None for a zombie or a process gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[3])
 
 
 def through_manta(setup) -> dict[str, float]:
@@ -240,8 +296,10 @@ def main() -> None:
     hand: list[dict[str, float]] = []
     manta: dict[str, list[dict[str, float]]] = {"sandbox": [], "off": [], "warm": []}
     for run in range(args.runs):
+        wait_quiet()
         hand.append(by_hand())
         for mode, results in manta.items():
+            wait_quiet()
             isolation = "off" if mode == "off" else "sandbox"
             worker = CeleryWorker({**env, "MANTA_LOCAL_ISOLATION": isolation}, concurrency=2)
             try:
