@@ -54,19 +54,20 @@ def follow_start(attempt_id: str) -> None:
     dispatch.on_commit(dispatch.FOLLOW, attempt_id, token)
 
 
-def attempt_follow(attempt_id: str, token: int) -> bool:
-    """One step of following. Returns True when the caller should schedule another step.
+def attempt_follow(attempt_id: str, token: int) -> float | None:
+    """One step of following. Returns the seconds until the next step (``next_step_in``), or
+    None when following is over.
 
     Its parts (recording Ray's answer, saving the log, healing, the move to running, the
     deadline) stand on their own: one that raises is logged and the others still run."""
     attempt = load(attempt_id)
     if attempt.follow_token != token or attempt.state not in ATTEMPT_ACTIVE:
-        return False
+        return None
     job = attempt.job
     if job.state not in (JobState.LAUNCHING, JobState.RUNNING):
-        return False  # cancelled: the cancel hook tears down
+        return None  # cancelled: the cancel hook tears down
     if not attempt.submitted:
-        return False  # the launch task owns it until it is submitted
+        return None  # the launch task owns it until it is submitted
     target = resolve_target(job)
     launcher = launcher_for(target.kind, target.config)
     handle = handle_of(attempt)
@@ -80,24 +81,41 @@ def attempt_follow(attempt_id: str, token: int) -> bool:
         seen = attempt.ray_seen_at or attempt.submitted_at or attempt.created_at
         if (now - seen).total_seconds() > settings.MANTA_CLUSTER_LOST_SECONDS:
             attempt_settle(attempt_id, RayJobState(RAY_FAILED, str(exc)), reason="cluster_lost")
-            return False
-        return not _deadline_kept(attempt_id, attempt, job, now)
+            return None
+        return None if _deadline_kept(attempt_id, attempt, job, now) else next_step_in(None)
     now = timezone.now()
     _part(attempt, "recording Ray's answer", lambda: _record_answer(attempt_id, state, now))
     if state.status in RAY_TERMINAL:
         attempt_settle(attempt_id, state, reason=state.reason)
-        return False
+        return None
     _part(attempt, "saving the log", lambda: _save_log_now_and_then(attempt, launcher, handle, now))
     try:
         _heal(attempt, launcher, handle)
     except NodeFailures as exc:
         attempt_settle(attempt_id, RayJobState(RAY_FAILED, str(exc)), reason="node_failures")
-        return False
+        return None
     except Exception:
         logger.exception("Following attempt %s: healing its cluster failed", attempt_id)
-    if state.status == RAY_RUNNING and job.state == JobState.LAUNCHING:
-        _part(attempt, "moving the job to running", lambda: _mark_running(attempt, now))
-    return not _deadline_kept(attempt_id, attempt, job, now)
+    launching_for = None
+    if job.state == JobState.LAUNCHING:
+        if state.status == RAY_RUNNING:
+            _part(attempt, "moving the job to running", lambda: _mark_running(attempt, now))
+        else:
+            submitted = attempt.submitted_at or now
+            launching_for = max(0.0, (now - submitted).total_seconds())
+    return None if _deadline_kept(attempt_id, attempt, job, now) else next_step_in(launching_for)
+
+
+def next_step_in(launching_for: float | None) -> float:
+    """The wait before the next follow step: MANTA_FOLLOW_INTERVAL_SECONDS once the job runs.
+    Before that (``launching_for``: seconds since it was submitted to Ray, whose driver starts
+    a second or two later) a tenth of that time, from 0.1 s: the move to running is seen within
+    ~10 % of the wait for it, and a driver slow to start is not asked after ten times a second
+    for long (about 35 steps in its first 10 s, then the interval)."""
+    interval = settings.MANTA_FOLLOW_INTERVAL_SECONDS
+    if launching_for is None:
+        return interval
+    return min(interval, max(0.1, launching_for / 10))
 
 
 def _part(attempt: JobAttempt, what: str, call) -> None:

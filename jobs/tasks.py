@@ -5,7 +5,6 @@ import logging
 
 from celery import shared_task
 from celery.signals import worker_ready
-from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from config.celery import send_many
@@ -65,10 +64,9 @@ def launch_attempt(attempt_id: str) -> None:
 
 @shared_task(name="manta.jobs.follow_attempt", **DB_RETRY)
 def follow_attempt(attempt_id: str, token: int) -> None:
-    if following.attempt_follow(attempt_id, token):
-        follow_attempt.apply_async(
-            (attempt_id, token), countdown=settings.MANTA_FOLLOW_INTERVAL_SECONDS
-        )
+    next_in = following.attempt_follow(attempt_id, token)
+    if next_in is not None:
+        follow_attempt.apply_async((attempt_id, token), countdown=next_in)
 
 
 @shared_task(name="manta.jobs.cancel_attempt", **DB_RETRY)

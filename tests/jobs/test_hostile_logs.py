@@ -109,7 +109,8 @@ def attempt(world, template, cluster) -> JobAttempt:
 
 
 def follow(attempt: JobAttempt) -> bool:
-    return following.attempt_follow(str(attempt.pk), attempt.follow_token)
+    """One follow step; True when another is to come."""
+    return following.attempt_follow(str(attempt.pk), attempt.follow_token) is not None
 
 
 def logs(world, job_id, **params) -> dict:
