@@ -138,6 +138,11 @@ def test_a_worker_killed_while_it_fills_the_pool_leaves_no_cluster_behind(
         "the killed start is reconciled",
     )
     until(lambda: not cluster_processes(ray_work_dir), 60, "no Ray process is left")
-    assert not [n for n in os.listdir(ray_work_dir) if n.startswith("mr-")]
+    # Its dir goes after its processes (and its loop-mounted disk's unmount): soon, not at once.
+    until(
+        lambda: not [n for n in os.listdir(ray_work_dir) if n.startswith("mr-")],
+        30,
+        "its cluster dir is removed",
+    )
     live = WarmCluster.objects.exclude(state="stopped")
     assert not live.exists(), list(live.values("pk", "state"))
