@@ -507,9 +507,18 @@ for _ in range(100):
         time.sleep(0.1)
 server.listen(16)
 print("impostor listening", flush=True)
-def answer(conn, turn):
+turns = iter(range(1 << 30))
+turns_lock = threading.Lock()
+def answer(conn):
     try:
         request = conn.recv(65536).split(b"\r\n", 1)[0].decode(errors="replace")
+        if not request.startswith("GET /api/"):
+            # Ray's own processes report here too (POST /report_events): they take no turn,
+            # so that Manta's first requests meet the redirect and the drip whatever they race.
+            print("impostor ignores", request, flush=True)
+            return
+        with turns_lock:
+            turn = next(turns)
         print("impostor turn", turn, request, flush=True)
         if turn % 3 == 0:
             conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:RECORDER/steal\r\n"
@@ -526,11 +535,9 @@ def answer(conn, turn):
         pass
     finally:
         conn.close()
-turn = 0
 while True:
     conn, _ = server.accept()
-    threading.Thread(target=answer, args=(conn, turn), daemon=True).start()
-    turn += 1
+    threading.Thread(target=answer, args=(conn,), daemon=True).start()
 """
 
 
