@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from quotas import selectors as quota_selectors
 from quotas import services as quota_services
+from quotas.flavors import flavor_budgets
 from quotas.ledger import month_start
 from quotas.models import WorkspaceQuota
 
@@ -120,11 +121,7 @@ def budget_alerts() -> int:
         Q(gpu_hours_per_month__gt=0) | ~Q(gpu_flavors={})
     ).select_related("workspace__organization")
     for quota in budgets:
-        flavored = {
-            flavor: q["gpu_hours_per_month"]
-            for flavor, q in (quota.gpu_flavors or {}).items()
-            if (q or {}).get("gpu_hours_per_month")
-        }
+        flavored = {f: hours for f, hours in flavor_budgets(quota.gpu_flavors).items() if hours}
         if not flavored and not quota.gpu_hours_per_month:
             continue
         by_flavor = gpu_hours_by_flavor(quota.workspace, period)

@@ -30,6 +30,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from quotas import selectors as quota_selectors
+from quotas.flavors import flavor_budgets
 from quotas.ledger import month_start
 from quotas.models import RESOURCES, OrgQuota, QuotaGroup, WorkspaceQuota
 from workspaces.models import Workspace
@@ -191,11 +192,7 @@ def _quotas() -> dict[str, dict[str, Any]]:
             "guaranteed": quota.guaranteed(),
             "limit": {name: value for name, value in quota.limit().items() if value is not None},
             "gpu_hours_budget": quota.gpu_hours_per_month,
-            "flavor_gpu_hours_budget": {
-                flavor: entry["gpu_hours_per_month"]
-                for flavor, entry in (quota.gpu_flavors or {}).items()
-                if isinstance(entry, dict) and entry.get("gpu_hours_per_month") is not None
-            },
+            "flavor_gpu_hours_budget": flavor_budgets(quota.gpu_flavors),
         }
     return quotas
 

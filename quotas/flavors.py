@@ -58,6 +58,15 @@ def untracked_blocker(claim: Any) -> str:
     return FlavorBook({}, {}, {}).blocker(claim)
 
 
+def flavor_budgets(quotas: dict[str, Any] | None) -> dict[str, float]:
+    """The monthly GPU-hour budget of each flavor a workspace's ``gpu_flavors`` sets one for."""
+    return {
+        flavor: q["gpu_hours_per_month"]
+        for flavor, q in (quotas or {}).items()
+        if (q or {}).get("gpu_hours_per_month") is not None
+    }
+
+
 def _quota(quotas: dict[str, Any] | None, flavor: str) -> dict[str, Any]:
     """One flavor's quota in a node's ``gpu_flavors`` ({} when it has none of its own)."""
     return (quotas or {}).get(flavor) or {}

@@ -11,7 +11,7 @@ from django.db.models import Count, Sum
 
 from config.gpu_flavors import UNTYPED
 
-from .flavors import FlavorBook, Pool
+from .flavors import FlavorBook, Pool, flavor_budgets
 from .ledger import EPSILON, Ledger, PastUsage, Usage
 from .models import (
     RESOURCES,
@@ -163,9 +163,7 @@ def ledger_for(
 
 def _flavor_budget(quota: WorkspaceQuota) -> bool:
     """Whether the workspace has a GPU-hour budget of some flavor."""
-    return any(
-        (q or {}).get("gpu_hours_per_month") is not None for q in (quota.gpu_flavors or {}).values()
-    )
+    return bool(flavor_budgets(quota.gpu_flavors))
 
 
 def quota_groups(organization_id: int) -> dict[int, QuotaGroup]:
