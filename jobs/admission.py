@@ -358,15 +358,11 @@ def admit_inline(organization_id: int) -> list[int]:
     if connection.vendor != "postgresql":  # SQLite: the worker's pass, as before
         dispatch.admit()
         return []
-    # A long queue is the worker's, before anything is asked: counted only as far as the bound.
-    # (Counted outside the lock, so only a bound on the cost: the pass decides what is admitted.)
     bound = settings.MANTA_INLINE_ADMISSION_MAX_QUEUED
-    queued = Job.objects.filter(organization_id=organization_id, state=JobState.QUEUED)
-    if bound == 0 or queued[: bound + 1].count() > bound:
-        dispatch.admit()
+    if bound == 0 or not _request_pass_within(organization_id, bound):
+        dispatch.admit()  # a long queue is the worker's, and nothing was asked
         return []
     requests = AdmissionRequests.objects.filter(organization_id=organization_id)
-    _request_pass(organization_id)
     admitted: list[int] | None = None
     try:
         with transaction.atomic():
@@ -374,12 +370,40 @@ def admit_inline(organization_id: int) -> list[int]:
             if requested is None:
                 return []  # the pass holding the lock serves this request
             admitted = _admit_locked(organization_id, wait_for_host=False)
-            requests.update(served=requested)
+            _mark_served(organization_id, requested)
     except _HostBusy:
         pass  # rolled back, nothing served: the task's pass waits for the host
     if admitted is None or requests.filter(requested__gt=F("served")).exists():
         dispatch.admit()
     return admitted or []
+
+
+def _request_pass_within(organization_id: int, bound: int) -> bool:
+    """Record (committed at once) that a pass is wanted, as :func:`_request_pass` does, but
+    only when the organisation has at most ``bound`` queued jobs (counted only as far as the
+    bound, in the same statement). False, and nothing recorded, for a longer queue.
+    (Counted outside the lock, so only a bound on the cost: the pass decides what is admitted.)
+    """
+    table = AdmissionRequests._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (organization_id, requested, served) "
+            "SELECT %s, 1, 0 WHERE (SELECT COUNT(*) FROM (SELECT 1 FROM "
+            f"{Job._meta.db_table} WHERE organization_id = %s AND state = %s LIMIT %s) q) <= %s "
+            f"ON CONFLICT (organization_id) DO UPDATE SET requested = {table}.requested + 1 "
+            "RETURNING requested",
+            [organization_id, organization_id, JobState.QUEUED, bound + 1, bound],
+        )
+        return cursor.fetchone() is not None
+
+
+def _mark_served(organization_id: int, requested: int) -> None:
+    """The requests up to ``requested`` are served (in the pass's transaction)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {AdmissionRequests._meta.db_table} SET served = %s WHERE organization_id = %s",
+            [requested, organization_id],
+        )
 
 
 def _try_lock_reading_requests(organization_id: int) -> int | None:
@@ -412,16 +436,17 @@ def _admit_locked(
     # What preempted jobs in their grace period hold is promised to the jobs they make room
     # for: those count as held (on top of the leaving jobs, which still run), so nothing else
     # takes the room, and they are admitted once their victims are gone (``first``).
-    promised = promised_jobs(_scan(_queued(organization_id)))
+    promised = promised_jobs(organization_id, _scan(_queued(organization_id)))
     for job in promised:
         ledger.hold(job)
     done = {job.pk for job in promised}
     chosen: list[Job] = []
-    for job in _scan(_queued(organization_id).filter(pk__in=set(first) - done)):
-        done.add(job.pk)
-        if not ledger.blocker(job):
-            ledger.hold(job)
-            chosen.append(job)
+    if first := set(first) - done:
+        for job in _scan(_queued(organization_id).filter(pk__in=first)):
+            done.add(job.pk)
+            if not ledger.blocker(job):
+                ledger.hold(job)
+                chosen.append(job)
     queue = DatabaseQueue(organization_id, exclude=done)
     chosen += plan(ledger, organization_id, policy, max_wait, queue=queue)
     if quota and quota.preemption:

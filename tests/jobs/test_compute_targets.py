@@ -6,8 +6,9 @@ import pytest
 import yaml
 
 from jobs.launchers.kuberay import validate_rayjob
+from jobs.local_host import workspaces_on_host
 from tests.jobs.conftest import submit
-from workspaces.models import ComputeTarget
+from workspaces.models import ComputeTarget, Workspace
 
 TARGETS = "/api/v1/orgs/acme/compute-targets/"
 WS = "/api/v1/orgs/acme/workspaces/ml/"
@@ -224,3 +225,23 @@ def test_a_kuberay_targets_flavors_bind_admission_and_place_the_pods(world):
     plan = world.client("viewer").get(f"{jobs}{second.json()['id']}/launch-plan/").json()
     gpu_pod = plan["manifest"]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]
     assert gpu_pod["spec"]["nodeSelector"] == FLAVOR["node_labels"]
+
+
+def test_which_workspaces_launch_on_this_host(world):
+    """The admission pass's one statement: a workspace launches here on the built-in ``local``
+    target or on one of its organisation's ``local`` targets; an organisation that named a
+    target of its own ``local`` takes the name from the built-in one."""
+    org = world.org
+    made = {
+        name: Workspace.objects.create(organization=org, slug=name, name=name, compute_target=to)
+        for name, to in [("box-ws", "box"), ("ray-ws", "cluster"), ("builtin-ws", "local")]
+    }
+    ComputeTarget.objects.create(organization=org, name="box", kind="local")
+    ComputeTarget.objects.create(organization=org, name="cluster", kind="ray")
+    other = Workspace.objects.create(organization=world.other_org, slug="x", name="x")
+    here = {world.ws.pk, made["box-ws"].pk, made["builtin-ws"].pk}
+    assert workspaces_on_host(org.pk) == here
+    assert other.pk in workspaces_on_host(world.other_org.pk)
+
+    ComputeTarget.objects.create(organization=org, name="local", kind="ray")
+    assert workspaces_on_host(org.pk) == {made["box-ws"].pk}
