@@ -7,8 +7,14 @@ its reservation at its expected end, and at each release the organisation's poli
 until the job is admitted. The expected run time of a job is the recent history of its template
 (how long its succeeded attempts held their reservation, admission to end; its workspace's or
 the organisation's when the template has too little), capped by its ``max_runtime_seconds``;
-p50 replays with the medians, p90 with the 90th percentiles. A running job's remaining time is
-that of the runs in its history that lasted longer than it has run so far.
+p50 replays with the means, p90 with the 90th percentiles. A running job's remaining time is
+that of the runs in its history that lasted longer than it has run so far (their median for
+p50).
+
+Why the mean for p50: a job behind others starts when the run times ahead of it add up, and a
+sum of runs tends to their count times the mean; run times are skewed (a few long runs), so a
+replay with medians ends every job ahead early, and predicted starts came out early. A running
+job's rest stays a median: what frees the next room is the first of a few ends, not a sum.
 
 Two things the queue does not show are replayed as well: jobs still to be submitted (each
 workspace keeps submitting at its recent rate, jobs like its recent ones, see
@@ -31,6 +37,7 @@ import heapq
 import itertools
 import logging
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
@@ -78,7 +85,7 @@ class Prediction:
 class Runtime:
     """How long a job is expected to hold its reservation, in seconds."""
 
-    p50: float
+    p50: float  # what the p50 replay holds it for: its history's mean (see the docstring)
     p90: float
     cap: float  # its max_runtime_seconds: Manta ends it there
     runs: tuple[float, ...] = ()  # the history it comes from, capped, ascending
@@ -194,13 +201,14 @@ def template_runtimes(template_ids: Iterable[int]) -> History:
 
 
 def _runtime(runs: list[float] | None, max_runtime: int | None) -> Runtime:
-    """A job's expected hold: its history capped by its max runtime; with no history, the max
-    runtime itself (the pessimistic answer: no job holds longer)."""
+    """A job's expected hold: its history capped by its max runtime (the mean for p50, the 90th
+    percentile for p90); with no history, the max runtime itself (the pessimistic answer: no
+    job holds longer)."""
     cap = float(max_runtime or FALLBACK_RUNTIME)
     if not runs:
         return Runtime(cap, cap, cap)
     capped = tuple(min(run, cap) for run in runs)
-    return Runtime(_quantile(capped, 0.5), _quantile(capped, 0.9), cap, capped)
+    return Runtime(statistics.fmean(capped), _quantile(capped, 0.9), cap, capped)
 
 
 def _remaining(runtime: Runtime, elapsed: float) -> tuple[float, float]:
