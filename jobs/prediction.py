@@ -7,14 +7,9 @@ its reservation at its expected end, and at each release the organisation's poli
 until the job is admitted. The expected run time of a job is the recent history of its template
 (how long its succeeded attempts held their reservation, admission to end; its workspace's or
 the organisation's when the template has too little), capped by its ``max_runtime_seconds``;
-p50 replays with the means, p90 with the 90th percentiles. A running job's remaining time is
-that of the runs in its history that lasted longer than it has run so far (their median for
-p50).
-
-Why the mean for p50: a job behind others starts when the run times ahead of it add up, and a
-sum of runs tends to their count times the mean; run times are skewed (a few long runs), so a
-replay with medians ends every job ahead early, and predicted starts came out early. A running
-job's rest stays a median: what frees the next room is the first of a few ends, not a sum.
+p50 replays with the medians, p90 with the 90th percentiles. A running job's remaining time is
+that of the runs in its history that lasted longer than it has run so far; in the p50 replay
+the running jobs' ends are spread as the order statistics of a race (:func:`_release_times`).
 
 Two things the queue does not show are replayed as well: jobs still to be submitted (each
 workspace keeps submitting at its recent rate, jobs like its recent ones, see
@@ -37,7 +32,6 @@ import heapq
 import itertools
 import logging
 import math
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
@@ -85,7 +79,7 @@ class Prediction:
 class Runtime:
     """How long a job is expected to hold its reservation, in seconds."""
 
-    p50: float  # what the p50 replay holds it for: its history's mean (see the docstring)
+    p50: float
     p90: float
     cap: float  # its max_runtime_seconds: Manta ends it there
     runs: tuple[float, ...] = ()  # the history it comes from, capped, ascending
@@ -201,25 +195,50 @@ def template_runtimes(template_ids: Iterable[int]) -> History:
 
 
 def _runtime(runs: list[float] | None, max_runtime: int | None) -> Runtime:
-    """A job's expected hold: its history capped by its max runtime (the mean for p50, the 90th
-    percentile for p90); with no history, the max runtime itself (the pessimistic answer: no
-    job holds longer)."""
+    """A job's expected hold: its history capped by its max runtime; with no history, the max
+    runtime itself (the pessimistic answer: no job holds longer)."""
     cap = float(max_runtime or FALLBACK_RUNTIME)
     if not runs:
         return Runtime(cap, cap, cap)
     capped = tuple(min(run, cap) for run in runs)
-    return Runtime(statistics.fmean(capped), _quantile(capped, 0.9), cap, capped)
+    return Runtime(_quantile(capped, 0.5), _quantile(capped, 0.9), cap, capped)
 
 
-def _remaining(runtime: Runtime, elapsed: float) -> tuple[float, float]:
-    """Seconds until a job that has held its reservation for ``elapsed`` releases it, at p50
-    and p90: the median and 90th percentile of the runs of its history that lasted longer
-    than that (those are the runs it can still turn out to be); past them all, its deadline."""
+def _remaining(runtime: Runtime, elapsed: float) -> list[float]:
+    """What a job that has held its reservation for ``elapsed`` seconds may still hold it for,
+    ascending: the rest of each run of its history that lasted longer than that (those are the
+    runs it can still turn out to be); past them all, its deadline."""
     longer = runtime.runs[bisect.bisect_right(runtime.runs, elapsed) :]
     if not longer:
-        left = max(0.0, runtime.cap - elapsed)
-        return left, left
-    return _quantile(longer, 0.5) - elapsed, _quantile(longer, 0.9) - elapsed
+        return [max(0.0, runtime.cap - elapsed)]
+    return [run - elapsed for run in longer]
+
+
+def _release_times(rests: list[list[float]]) -> list[tuple[float, float]]:
+    """When each running job (its possible rests, from :func:`_remaining`) is expected to
+    release its reservation, at p50 and p90 (seconds from now).
+
+    p90 is each job's own 90th percentile. p50 is not each job's own median: which job ends
+    first is a race, and the first of many uncertain ends comes much sooner than the smallest
+    of their medians (a job waiting for the next free GPU was predicted to start 2-5 times
+    later than it did). The k-th of n ends is put at the median rank of the k-th order
+    statistic, (k - 0.3) / (n + 0.4) (Benard's approximation), of all the jobs' rests pooled
+    (each job weighing one), and the k-th is the job with the k-th smallest own median. With
+    one running job, that is its median."""
+    n = len(rests)
+    pooled = sorted((rest, 1.0 / len(options)) for options in rests for rest in options)
+    ranked, k, weight = [], 0, 0.0
+    for rest, share in pooled:
+        weight += share
+        while k < n and weight >= (k + 0.7) / (n + 0.4) * n - 1e-9:
+            ranked.append(rest)
+            k += 1
+    ranked += [pooled[-1][0]] * (n - len(ranked)) if pooled else []
+    order = sorted(range(n), key=lambda i: (_quantile(rests[i], 0.5), i))
+    times: list[tuple[float, float]] = [(0.0, 0.0)] * n
+    for rank, i in enumerate(order):
+        times[i] = (ranked[rank], _quantile(rests[i], 0.9))
+    return times
 
 
 def _queue(job: Job, now: dt.datetime) -> tuple[list[Queued], Queued | None]:
@@ -523,20 +542,24 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
         + [queued.template_id for queued in queue]
         + [model.template_id for models in arrivals.jobs.values() for model in models]
     )
-    running = []
-    for org_id, ws_id, created, max_runtime, template_id, flavor, *amounts in rows:
-        elapsed = (now - created).total_seconds()
+    rests, elapsed = [], []
+    for _, ws_id, created, max_runtime, template_id, *_ in rows:
+        elapsed.append((now - created).total_seconds())
         runtime = _runtime(history.of(template_id, ws_id), max_runtime)
-        running.append(
-            Running(
-                ws_id,
-                dict(zip(RESOURCES, amounts, strict=True)),
-                org_id != job.organization_id,
-                _remaining(runtime, elapsed),
-                flavor,
-                -elapsed,
-            )
+        rests.append(_remaining(runtime, elapsed[-1]))
+    running = [
+        Running(
+            ws_id,
+            dict(zip(RESOURCES, amounts, strict=True)),
+            org_id != job.organization_id,
+            ends,
+            flavor,
+            -held,
         )
+        for (org_id, ws_id, _, _, _, flavor, *amounts), ends, held in zip(
+            rows, _release_times(rests), elapsed, strict=True
+        )
+    ]
     runtimes = {
         id(queued): _runtime(
             history.of(queued.template_id, queued.workspace_id), queued.max_runtime_seconds
