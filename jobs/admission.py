@@ -303,15 +303,35 @@ def admit(organization_id: int, *, first: Iterable[int] = ()) -> list[int]:
         return _admit_locked(organization_id, first=first)
 
 
-def _request_pass(organization_id: int) -> None:
-    """Record (committed at once) that a pass is wanted for the organisation."""
+def _request_pass(organization_id: int, *, within: int | None = None) -> bool:
+    """Record (committed at once) that a pass is wanted for the organisation. With ``within``:
+    only when it has at most that many queued jobs (counted only as far as the bound, in the
+    same statement; outside the lock, so only a bound on the cost: the pass decides what is
+    admitted). False, and nothing recorded, for a longer queue."""
     table = AdmissionRequests._meta.db_table
+    condition, params = "", [organization_id]
+    if within is not None:
+        condition = (
+            "WHERE (SELECT COUNT(*) FROM (SELECT 1 FROM "
+            f"{Job._meta.db_table} WHERE organization_id = %s AND state = %s LIMIT %s) q) <= %s "
+        )
+        params += [organization_id, JobState.QUEUED, within + 1, within]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {table} (organization_id, requested, served) "
-            "VALUES (%s, 1, 0) ON CONFLICT (organization_id) "
-            f"DO UPDATE SET requested = {table}.requested + 1",
-            [organization_id],
+            f"INSERT INTO {table} (organization_id, requested, served) SELECT %s, 1, 0 "
+            f"{condition}ON CONFLICT (organization_id) "
+            f"DO UPDATE SET requested = {table}.requested + 1 RETURNING requested",
+            params,
+        )
+        return cursor.fetchone() is not None
+
+
+def _mark_served(organization_id: int, requested: int) -> None:
+    """The requests up to ``requested`` are served (in the pass's transaction)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {AdmissionRequests._meta.db_table} SET served = %s WHERE organization_id = %s",
+            [requested, organization_id],
         )
 
 
@@ -335,7 +355,7 @@ def admit_single_flight(organization_id: int) -> list[int]:
                 return admitted  # the pass holding the lock serves this request
             requested = requests.values_list("requested", flat=True).get()
             admitted += _admit_locked(organization_id)
-            requests.update(served=requested)
+            _mark_served(organization_id, requested)
         if not requests.filter(requested__gt=F("served")).exists():
             return admitted
 
@@ -359,7 +379,7 @@ def admit_inline(organization_id: int) -> list[int]:
         dispatch.admit()
         return []
     bound = settings.MANTA_INLINE_ADMISSION_MAX_QUEUED
-    if bound == 0 or not _request_pass_within(organization_id, bound):
+    if bound == 0 or not _request_pass(organization_id, within=bound):
         dispatch.admit()  # a long queue is the worker's, and nothing was asked
         return []
     requests = AdmissionRequests.objects.filter(organization_id=organization_id)
@@ -376,34 +396,6 @@ def admit_inline(organization_id: int) -> list[int]:
     if admitted is None or requests.filter(requested__gt=F("served")).exists():
         dispatch.admit()
     return admitted or []
-
-
-def _request_pass_within(organization_id: int, bound: int) -> bool:
-    """Record (committed at once) that a pass is wanted, as :func:`_request_pass` does, but
-    only when the organisation has at most ``bound`` queued jobs (counted only as far as the
-    bound, in the same statement). False, and nothing recorded, for a longer queue.
-    (Counted outside the lock, so only a bound on the cost: the pass decides what is admitted.)
-    """
-    table = AdmissionRequests._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (organization_id, requested, served) "
-            "SELECT %s, 1, 0 WHERE (SELECT COUNT(*) FROM (SELECT 1 FROM "
-            f"{Job._meta.db_table} WHERE organization_id = %s AND state = %s LIMIT %s) q) <= %s "
-            f"ON CONFLICT (organization_id) DO UPDATE SET requested = {table}.requested + 1 "
-            "RETURNING requested",
-            [organization_id, organization_id, JobState.QUEUED, bound + 1, bound],
-        )
-        return cursor.fetchone() is not None
-
-
-def _mark_served(organization_id: int, requested: int) -> None:
-    """The requests up to ``requested`` are served (in the pass's transaction)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {AdmissionRequests._meta.db_table} SET served = %s WHERE organization_id = %s",
-            [requested, organization_id],
-        )
 
 
 def _try_lock_reading_requests(organization_id: int) -> int | None:

@@ -226,7 +226,9 @@ def _release_times(rests: list[list[float]]) -> list[tuple[float, float]]:
     (each job weighing one), and the k-th is the job with the k-th smallest own median. With
     one running job, that is its median."""
     n = len(rests)
-    pooled = sorted((rest, 1.0 / len(options)) for options in rests for rest in options)
+    pooled = sorted(
+        (rest, 1.0 / len(options)) for options in map(_thinned, rests) for rest in options
+    )
     ranked, k, weight = [], 0, 0.0
     for rest, share in pooled:
         weight += share
@@ -239,6 +241,17 @@ def _release_times(rests: list[list[float]]) -> list[tuple[float, float]]:
     for rank, i in enumerate(order):
         times[i] = (ranked[rank], _quantile(rests[i], 0.9))
     return times
+
+
+def _thinned(rests: list[float]) -> list[float]:
+    """At most :data:`HISTORY_RUNS` of ``rests`` (ascending): its nearest-rank quantiles at
+    1/HISTORY_RUNS, 2/HISTORY_RUNS, … 1 (the median among them). A job whose history falls back
+    on its workspace's or organisation's runs has thousands, and the pool of
+    :func:`_release_times` stays that of one template's history per job."""
+    n, k = len(rests), HISTORY_RUNS
+    if n <= k:
+        return rests
+    return [rests[-(-(i + 1) * n // k) - 1] for i in range(k)]
 
 
 def _queue(job: Job, now: dt.datetime) -> tuple[list[Queued], Queued | None]:

@@ -128,6 +128,19 @@ def test_the_first_of_several_running_jobs_is_expected_to_end_before_their_media
     assert seconds_after(now, prediction.predict_start(first, now=now).p90) == 900
 
 
+def test_the_race_pools_at_most_one_templates_history_per_job():
+    """A job whose history is its organisation's (thousands of runs) weighs in the race's pool
+    with HISTORY_RUNS of them, evenly spread: its own median and p90 are from them all, and the
+    ends come out where the whole histories would put them, within their spacing."""
+    rests = [float(second) for second in range(1, 5001)]  # 1 … 5000 s
+    assert prediction._release_times([rests]) == [(2500.0, 4500.0)]
+    (first, _), (second, _) = prediction._release_times([rests, rests])
+    # median ranks 0.7 / 2.4 and 1.7 / 2.4 of 1 … 5000 s, to within 5000 / HISTORY_RUNS
+    spacing = 5000 / prediction.HISTORY_RUNS
+    assert abs(first - 5000 * 0.7 / 2.4) <= spacing
+    assert abs(second - 5000 * 1.7 / 2.4) <= spacing
+
+
 def test_a_job_past_its_median_is_expected_at_its_p90_and_history_is_capped(world, gpu_template):
     history(gpu_template, [100, 200, 300, 400, 1000])
     capacity(world, 2)
