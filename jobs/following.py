@@ -277,13 +277,15 @@ def attempt_teardown(attempt: JobAttempt) -> None:
     except Exception:
         logger.exception("Reading the log of attempt %s failed; tearing down", attempt.pk)
         log = None
-    launcher.stop(handle)  # stops the Ray job; for local, the whole cluster
-    stop_orphans(attempt, target)
     if log is not None:
+        # Before the cluster goes: until torn_down_at is set, logs/ reads the cluster and
+        # falls back on this copy, so the copy must already hold what the cluster held.
         try:
             log_archive_save(attempt.pk, log)
         except Exception:
             logger.exception("Archiving the log of attempt %s failed", attempt.pk)
+    launcher.stop(handle)  # stops the Ray job; for local, the whole cluster
+    stop_orphans(attempt, target)
     # From now on logs/ reads the archive: it is written.
     JobAttempt.objects.filter(pk=attempt.pk).update(torn_down_at=timezone.now())
 

@@ -23,7 +23,7 @@ from django.utils import timezone
 from config import secrets
 from jobs import following
 from jobs.launchers import launcher_for
-from jobs.launchers.local.launcher import LOG_LIMIT
+from jobs.launchers.local.launcher import LOG_LIMIT, LocalRayLauncher
 from jobs.models import AttemptState, Job, JobAttempt, JobEvent, JobState
 from tests.jobs.conftest import submit
 from tests.launchers.hostile_dashboard import HostileDashboard, http_answer, ray_version
@@ -155,6 +155,28 @@ def test_a_failed_job_whose_last_lines_hold_a_nul_is_settled_and_torn_down(world
     event = JobEvent.objects.filter(job_id=attempt.job_id).latest("pk")
     assert event.data["message"] == attempt.ray_message
     assert Job.objects.get(pk=attempt.job_id).message == attempt.ray_message
+
+
+def test_a_reader_while_the_cluster_is_torn_down_loses_no_line(
+    world, cluster, attempt, monkeypatch
+):
+    """logs/ reads the cluster until the attempt is marked torn down, and the archive when
+    the cluster cannot answer: the archive holds the cluster's last lines before it goes."""
+    cluster.write_log(b"runtime env\n")
+    assert follow(attempt) is True  # the periodic copy: the first line only
+    cluster.write_log(b"runtime env\nrun started\n")
+    seen, stop = [], LocalRayLauncher.stop
+
+    def stop_then_read(self, handle):  # the real stop, and a reader right after it
+        stop(self, handle)
+        seen.append(logs(world, attempt.job_id))
+
+    monkeypatch.setattr(LocalRayLauncher, "stop", stop_then_read)
+    following.attempt_teardown(attempt)
+    assert not os.path.exists(cluster.dir)
+    [read] = seen
+    assert read["source"] == "live" and read["logs"] == "runtime env\nrun started\n", read
+    assert logs(world, attempt.job_id)["source"] == "archive"
 
 
 @pytest.fixture
