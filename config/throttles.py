@@ -21,6 +21,7 @@ import ipaddress
 import logging
 import re
 import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -158,8 +159,7 @@ class RateThrottle(SimpleRateThrottle):
     def allow_in_redis(self, cache: RedisCache, key: str) -> bool:
         """DRF's check as one script (:data:`SLIDING_WINDOW`) on the key's Redis server."""
         self.now = self.timer()
-        client = cache._cache.get_client(key, write=True)
-        refused_at = client.register_script(SLIDING_WINDOW)(
+        refused_at = _window_script(cache, key)(
             keys=[cache.make_and_validate_key(key) + REDIS_KEY_SUFFIX],
             args=[repr(self.now), self.duration, self.num_requests],
         )
@@ -178,6 +178,21 @@ class RateThrottle(SimpleRateThrottle):
         # (DRF's own answer is None when the history holds more than num_requests, e.g. after a
         # rate was lowered: no Retry-After.)
         return max(1.0, self.duration - (self.now - self.oldest_counted))
+
+
+# The script bound to a client of the cache's Redis, per cache client (one per thread): Django
+# makes a new redis-py client for every operation, and each one builds its ~170 response
+# callbacks (0.4 ms, twice per submission).
+_WINDOW_SCRIPTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _window_script(cache: RedisCache, key: str):
+    backend = cache._cache
+    script = _WINDOW_SCRIPTS.get(backend)
+    if script is None:
+        script = backend.get_client(key, write=True).register_script(SLIDING_WINDOW)
+        _WINDOW_SCRIPTS[backend] = script
+    return script
 
 
 class LoginIPThrottle(RateThrottle):
