@@ -527,8 +527,8 @@ def summary(result: Result, min_wait: float) -> dict[str, str]:
         "Jain": f"{result.jain:.3f}",
         "Jain 1h": f"{result.jain_windowed:.3f}",
         "preempted GPU-h": f"{result.preempted_gpu_hours:.1f} ({result.preempted})",
-        "pred err p50": f"{percentile(errors, 50):.0%}" if errors else "-",
-        "pred err p90": f"{percentile(errors, 90):.0%}" if errors else "-",
+        "pred err p50": f"{percentile(errors, 50):.1%}" if errors else "-",
+        "pred err p90": f"{percentile(errors, 90):.1%}" if errors else "-",
         "pred n": f"{len(errors)}+{len(short)}<{min_wait:g}s" + (f",{unknown}?" if unknown else ""),
         "jobs/s": f"{result.jobs / result.wall_seconds:.0f}",
     }

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import heapq
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -179,6 +180,21 @@ def _may_be_overtaken(job: Job, policy: str, max_wait: float, now: dt.datetime) 
             return False
         max_wait = aging_seconds()
     return _waited(job, now) <= max_wait
+
+
+def overtaking_ends(job: Job, policy: str, max_wait: float, now: dt.datetime) -> float:
+    """Seconds from ``now`` until ``job``, while it does not fit, stops every later job of the
+    queue from going first (as :func:`_may_be_overtaken` decides): 0 when it already does,
+    infinite when it never will (round_robin; fair_share, whose order is not the queue's)."""
+    if policy == QueuePolicy.FIFO:
+        return 0.0
+    if policy == QueuePolicy.INTELLIGENT:
+        if job.priority >= STRICT_PRIORITY:
+            return 0.0
+        max_wait = aging_seconds()
+    elif policy != QueuePolicy.BALANCED:
+        return math.inf
+    return max(0.0, max_wait - _waited(job, now))
 
 
 def aging_seconds() -> float:

@@ -64,6 +64,7 @@ ARRIVAL_WINDOW = 6 * 3600
 ARRIVAL_SAMPLE = 300
 MIN_ARRIVALS = 10
 MAX_ARRIVALS = 300  # future submissions replayed at most: the replay's bound
+MAX_PASSED_OVER = 20 * MAX_ARRIVALS  # future submissions that would queue behind the job
 
 
 @dataclasses.dataclass(frozen=True)
@@ -415,22 +416,59 @@ def _base_order(job: Queued) -> tuple:
 
 
 class _Future:
-    """The submissions still to come during one replay, made as the clock reaches them."""
+    """The submissions still to come during one replay, made as the clock reaches them.
 
-    def __init__(self, arrivals: Arrivals, history: History, now: dt.datetime):
+    From ``strict_in`` seconds on, the predicted job, should it not fit, lets no later job go
+    first (``admission.overtaking_ends``: at once under fifo): a submission that would queue
+    behind it can no longer start before it, so from then on only those that would queue ahead
+    of it (a higher priority) are made and count against :data:`MAX_ARRIVALS`. Without this,
+    hours of submissions of its priority or lower used up the bound before the higher-priority
+    ones that overtake it. The others keep their place in their workspace's turn (the k-th
+    arrival is still a copy of its k-th most recent submission): a workspace's most recent
+    submissions say most about what it sends next."""
+
+    def __init__(
+        self,
+        arrivals: Arrivals,
+        history: History,
+        now: dt.datetime,
+        *,
+        subject: Queued | None = None,
+        strict_in: float = math.inf,
+    ):
         self.arrivals, self.history, self.now = arrivals, history, now
         self.heap = arrivals.start()
-        self.made = 0
+        self.made = self.passed_over = 0
         self.runtimes: dict[int, Runtime] = {}
+        self.strict_in = strict_in if subject is not None else math.inf
+        # The workspaces that submit anything that would queue ahead of the subject.
+        self.ahead = {
+            ws
+            for ws, models in arrivals.jobs.items()
+            if subject is not None and any(model.priority > subject.priority for model in models)
+        }
+        self.priority = subject.priority if subject is not None else 0
 
     def due(self, clock: float) -> Iterator[Queued]:
         """The jobs submitted up to ``clock`` seconds from now (at most :data:`MAX_ARRIVALS`
-        in all), as queued jobs of their own."""
-        while self.heap and self.heap[0][0] <= clock and self.made < MAX_ARRIVALS:
+        in all, and none once :data:`MAX_PASSED_OVER` were passed over), as queued jobs of
+        their own."""
+        while (
+            self.heap
+            and self.heap[0][0] <= clock
+            and self.made < MAX_ARRIVALS
+            and self.passed_over < MAX_PASSED_OVER
+        ):
             at, ws_id, k = heapq.heappop(self.heap)
+            strict = at >= self.strict_in
+            if strict and ws_id not in self.ahead:
+                continue  # nothing it submits can start before the job any more
             heapq.heappush(self.heap, (at + self.arrivals.every[ws_id], ws_id, k + 1))
             like = self.arrivals.jobs[ws_id]
             model = like[k % len(like)]
+            if strict and model.priority <= self.priority:
+                self.passed_over += 1
+                continue  # it would queue behind the job
             self.made += 1
             job = dataclasses.replace(
                 model, pk=VIRTUAL_PK + self.made, queued_at=self.now + dt.timedelta(seconds=at)
@@ -439,6 +477,14 @@ class _Future:
                 self.history.of(job.template_id, ws_id), job.max_runtime_seconds
             )
             yield job
+
+
+def _policy(ledger) -> tuple[str, float]:
+    """The organisation's queue policy and its ``balanced_max_wait_seconds``."""
+    quota = ledger.org_quota
+    if quota is None:
+        return QueuePolicy.FIFO, 600
+    return quota.policy, quota.balanced_max_wait_seconds
 
 
 def _replay(
@@ -454,9 +500,7 @@ def _replay(
     """Seconds from now until ``job`` is admitted (None: never), and how many queued jobs are
     admitted before it, replaying admission with the ``quantile`` (0: p50, 1: p90) run times
     and the ``future`` submissions. ``ledger`` is changed: pass a copy."""
-    quota = ledger.org_quota
-    policy = quota.policy if quota else QueuePolicy.FIFO
-    max_wait = quota.balanced_max_wait_seconds if quota else 600
+    policy, max_wait = _policy(ledger)
     # fair_share weighs past usage, which grows as jobs end (quotas.services folds each
     # released hold in): the replay does the same, or a workspace's key would stay as it is
     # now however much the replay lets it run.
@@ -579,9 +623,10 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
         )
         for queued in queue
     }
+    strict_in = admission.overtaking_ends(subject, *_policy(ledger), now)
     starts = []
     for quantile in (0, 1):
-        future = _Future(arrivals, history, now)
+        future = _Future(arrivals, history, now, subject=subject, strict_in=strict_in)
         wait, ahead = _replay(
             copy.deepcopy(ledger), subject, queue, running, runtimes, quantile, now, future
         )

@@ -443,6 +443,36 @@ def test_a_higher_priority_stream_is_expected_to_go_first_even_under_fifo(world,
     assert seconds_after(now, prediction.predict_start(queued, now=now).p50) == 3000
 
 
+def test_only_submissions_that_would_go_ahead_use_up_the_replays_bound(
+    world, gpu_template, monkeypatch
+):
+    """Under fifo a queued job that does not fit holds back every job behind it: its own
+    workspace's stream of lower-priority jobs cannot start before it, so it is not replayed
+    and does not use up the bound on future submissions before the urgent one arrives."""
+    urgent = two_workspaces(world, gpu_template, guarantee=1)
+    history(gpu_template, [1000, 1000, 1000])
+    capacity(world, 2, policy="fifo")
+    now = timezone.now() + dt.timedelta(seconds=30)
+    submitted(urgent, 12, within=prediction.ARRIVAL_WINDOW, now=now, priority=9)  # every 30 min
+    submitted(gpu_template, 60, within=prediction.ARRIVAL_WINDOW, now=now, priority=1)
+    monkeypatch.setattr(prediction, "MAX_ARRIVALS", 3)  # ml's next 3 come before +1800 s
+    run_for(world, gpu_template, seconds_ago=0, now=now)
+    Reservation.objects.update(created_at=now + dt.timedelta(seconds=1000))  # ends at +2000 s
+    queued = submit(world, gpu_template)
+    # The urgent job arrives at +1800 s and goes first; mine starts at its end.
+    assert seconds_after(now, prediction.predict_start(queued, now=now).p50) == 3000
+    # balanced: ml's jobs may overtake mine for its first 1000 s (two are replayed, at
+    # +348 s and +697 s), not after: the urgent job is the third.
+    OrgQuota.objects.filter(organization=world.org).update(
+        policy="balanced", balanced_max_wait_seconds=1000
+    )
+    assert seconds_after(now, prediction.predict_start(queued, now=now).p50) == 3000
+    # Under round_robin ml's later jobs may overtake mine (none fits before +2000 s either):
+    # all three replayed submissions are ml's, and the urgent one is beyond the bound.
+    OrgQuota.objects.filter(organization=world.org).update(policy="round_robin")
+    assert seconds_after(now, prediction.predict_start(queued, now=now).p50) == 2000
+
+
 def test_too_few_recent_submissions_say_nothing_about_a_rate(world, gpu_template):
     history(gpu_template, [1000, 1000, 1000])
     capacity(world, 2, policy="round_robin")
