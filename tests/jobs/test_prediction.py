@@ -2,6 +2,7 @@
 (their templates' history, capped by max_runtime_seconds), in a fixed number of queries."""
 
 import datetime as dt
+import math
 import socket
 
 import pytest
@@ -471,6 +472,39 @@ def test_only_submissions_that_would_go_ahead_use_up_the_replays_bound(
     # all three replayed submissions are ml's, and the urgent one is beyond the bound.
     OrgQuota.objects.filter(organization=world.org).update(policy="round_robin")
     assert seconds_after(now, prediction.predict_start(queued, now=now).p50) == 2000
+
+
+@pytest.mark.parametrize(
+    ("policy", "priority", "limit"),
+    [
+        ("fifo", 5, 0),
+        ("intelligent", 8, 0),
+        ("intelligent", 5, 900),  # MANTA_INTELLIGENT_AGING_MINUTES = 15
+        ("balanced", 5, 600),
+        ("round_robin", 5, math.inf),
+        ("fair_share", 5, math.inf),
+    ],
+)
+def test_the_replay_stops_expecting_overtakers_when_admission_stops_letting_them(
+    settings, policy, priority, limit
+):
+    settings.MANTA_INTELLIGENT_AGING_MINUTES = 15
+    now = timezone.now()
+    job = prediction.Queued(1, 1, 1, priority, now - dt.timedelta(seconds=100), {}, 0, None)
+    ends = admission.overtaking_ends(job, policy, 600, now)
+    assert ends == max(0, limit - 100)
+    if policy == "fair_share":
+        return  # its own order (the workspaces' shares), not the queue's
+
+    # What the queue's pass decides, a second before and after:
+    def overtaken(seconds: float) -> bool:
+        return admission._may_be_overtaken(job, policy, 600, now + dt.timedelta(seconds=seconds))
+
+    if ends == math.inf:
+        assert overtaken(365 * 86400)
+    else:
+        assert not overtaken(ends + 1)
+        assert overtaken(ends - 1) == (ends > 0)
 
 
 def test_too_few_recent_submissions_say_nothing_about_a_rate(world, gpu_template):
