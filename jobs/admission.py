@@ -164,37 +164,35 @@ def plan(
     return admitted
 
 
-def _may_be_overtaken(job: Job, policy: str, max_wait: float, now: dt.datetime) -> bool:
-    """Whether a queued job that does not fit lets later jobs of the queue go before it.
+def _overtakable_for(job: Job, policy: str, max_wait: float) -> float:
+    """How long (seconds of waiting) a queued job that does not fit lets later jobs of the
+    queue go before it.
 
     fifo: never. round_robin: always. balanced: until it waited ``max_wait`` seconds.
     intelligent: a job of priority 7-9 never (strict order from the top of the queue down); one
-    of priority 1-6 until it waited ``MANTA_INTELLIGENT_AGING_MINUTES``.
+    of priority 1-6 until it waited ``MANTA_INTELLIGENT_AGING_MINUTES``. fair_share: always
+    (its order is the workspaces' shares, not the queue's).
     """
     if policy == QueuePolicy.FIFO:
-        return False
-    if policy == QueuePolicy.ROUND_ROBIN:
-        return True
+        return -math.inf
     if policy == QueuePolicy.INTELLIGENT:
-        if job.priority >= STRICT_PRIORITY:
-            return False
-        max_wait = aging_seconds()
-    return _waited(job, now) <= max_wait
+        return -math.inf if job.priority >= STRICT_PRIORITY else aging_seconds()
+    if policy == QueuePolicy.BALANCED:
+        return max_wait
+    return math.inf
+
+
+def _may_be_overtaken(job: Job, policy: str, max_wait: float, now: dt.datetime) -> bool:
+    """Whether a queued job that does not fit lets later jobs of the queue go before it now
+    (:func:`_overtakable_for`)."""
+    return _waited(job, now) <= _overtakable_for(job, policy, max_wait)
 
 
 def overtaking_ends(job: Job, policy: str, max_wait: float, now: dt.datetime) -> float:
     """Seconds from ``now`` until ``job``, while it does not fit, stops every later job of the
-    queue from going first (as :func:`_may_be_overtaken` decides): 0 when it already does,
-    infinite when it never will (round_robin; fair_share, whose order is not the queue's)."""
-    if policy == QueuePolicy.FIFO:
-        return 0.0
-    if policy == QueuePolicy.INTELLIGENT:
-        if job.priority >= STRICT_PRIORITY:
-            return 0.0
-        max_wait = aging_seconds()
-    elif policy != QueuePolicy.BALANCED:
-        return math.inf
-    return max(0.0, max_wait - _waited(job, now))
+    queue from going first (:func:`_overtakable_for`): 0 when it already does, infinite when
+    it never will."""
+    return max(0.0, _overtakable_for(job, policy, max_wait) - _waited(job, now))
 
 
 def aging_seconds() -> float:

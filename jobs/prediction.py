@@ -433,21 +433,20 @@ class _Future:
         history: History,
         now: dt.datetime,
         *,
-        subject: Queued | None = None,
-        strict_in: float = math.inf,
+        subject: Queued,
+        strict_in: float,
     ):
         self.arrivals, self.history, self.now = arrivals, history, now
         self.heap = arrivals.start()
         self.made = self.passed_over = 0
         self.runtimes: dict[int, Runtime] = {}
-        self.strict_in = strict_in if subject is not None else math.inf
+        self.strict_in, self.priority = strict_in, subject.priority
         # The workspaces that submit anything that would queue ahead of the subject.
         self.ahead = {
             ws
             for ws, models in arrivals.jobs.items()
-            if subject is not None and any(model.priority > subject.priority for model in models)
+            if any(model.priority > subject.priority for model in models)
         }
-        self.priority = subject.priority if subject is not None else 0
 
     def due(self, clock: float) -> Iterator[Queued]:
         """The jobs submitted up to ``clock`` seconds from now (at most :data:`MAX_ARRIVALS`
@@ -495,7 +494,7 @@ def _replay(
     runtimes: dict[int, Runtime],
     quantile: int,
     now: dt.datetime,
-    future: _Future | None = None,
+    future: _Future,
 ) -> tuple[float | None, int]:
     """Seconds from now until ``job`` is admitted (None: never), and how many queued jobs are
     admitted before it, replaying admission with the ``quantile`` (0: p50, 1: p90) run times
@@ -547,7 +546,7 @@ def _replay(
                 ledger.accrue(held.workspace_id, held.requested, clock - held.since, at)
         # What was submitted meanwhile joins the queue in its place: the next pass weighs it
         # (a pass runs when room is made; an arrival in a full organisation waits for one).
-        for arrived in future.due(clock) if future else ():
+        for arrived in future.due(clock):
             bisect.insort(remaining, arrived, key=_base_order)
 
 
