@@ -474,6 +474,29 @@ def test_only_submissions_that_would_go_ahead_use_up_the_replays_bound(
     assert seconds_after(now, prediction.predict_start(queued, now=now).p50) == 2000
 
 
+@pytest.mark.parametrize(("bound", "made"), [(3, []), (4, [40.0]), (7, [40.0, 80.0])])
+def test_submissions_passed_over_are_bounded_too(monkeypatch, bound, made):
+    """Passing over a submission that would queue behind the job costs little, but a workspace
+    that submits thousands an hour would make a replay walk them all: after
+    ``MAX_PASSED_OVER`` of them the future ends, and what would have come later is not made."""
+    monkeypatch.setattr(prediction, "MAX_PASSED_OVER", bound)
+    now = timezone.now()
+
+    def like(priority: int) -> prediction.Queued:
+        return prediction.Queued(0, 1, 1, priority, now, {"gpu": 1.0}, 0, None)
+
+    # One workspace submits every 10 s, cycling through three low-priority jobs and an urgent
+    # one: the urgent ones arrive at +40 s and +80 s, after three passed over each time.
+    arrivals = prediction.Arrivals({1: 10.0}, {1: [like(1), like(1), like(1), like(9)]})
+    subject = like(5)
+    future = prediction._Future(
+        arrivals, prediction.History({}, {}, []), now, subject=subject, strict_in=0
+    )
+    due = [(job.queued_at - now).total_seconds() for job in future.due(3600)]
+    assert due == made
+    assert future.passed_over == bound
+
+
 @pytest.mark.parametrize(
     ("policy", "priority", "limit"),
     [
