@@ -89,7 +89,7 @@ def test_a_job_that_fits_would_be_admitted_now(world, gpu_template):
 
 
 def test_the_queue_starts_when_the_running_jobs_are_expected_to_end(world, gpu_template):
-    # Holds of 100, 200, 300, 400 and 1000 s: median 300 s, p90 1000 s.
+    # Holds of 100, 200, 300, 400 and 1000 s: median 300 s, mean 400 s, p90 1000 s.
     history(gpu_template, [100, 200, 300, 400, 1000])
     capacity(world, 2)
     now = timezone.now()
@@ -106,6 +106,50 @@ def test_the_queue_starts_when_the_running_jobs_are_expected_to_end(world, gpu_t
     assert behind.position == 2
     assert seconds_after(now, behind.p50) == 240 + 300
     assert seconds_after(now, behind.p90) == 940 + 1000
+
+
+def test_in_strict_order_a_queues_holds_add_up_as_a_sum(world, gpu_template):
+    """Under fifo the fourth job waits for the three ahead of it to run one after another (one
+    place, held by the running job): each counts as its share of a sum of three holds, 433 s
+    (test_a_hold_in_a_sum_of_holds_is_its_mean_unless_a_rare_run_makes_it), not its median,
+    300 s. Under round_robin a later job may go first, and it starts at the first end that
+    makes room for it: a race, which the medians stand for."""
+    history(gpu_template, [100, 200, 300, 400, 1000])
+    capacity(world, 2)
+    now = timezone.now()
+    run_for(world, gpu_template, seconds_ago=60, now=now)  # 240 s more expected
+    *_, fourth = (submit(world, gpu_template) for _ in range(4))
+    assert seconds_after(now, prediction.predict_start(fourth, now=now).p50) == 240 + 1300
+    OrgQuota.objects.filter(organization=world.org).update(policy="round_robin")
+    assert seconds_after(now, prediction.predict_start(fourth, now=now).p50) == 240 + 3 * 300
+
+
+@pytest.mark.parametrize(
+    ("ahead", "running", "in_a_row"),
+    [(0, 5, 1), (3, 1, 3), (10, 4, 3), (8, 4, 2), (5, 0, 5), (500, 1, prediction.MAX_SUM_DRAWS)],
+)
+def test_the_holds_in_a_row_are_the_jobs_ahead_spread_over_the_running_places(
+    ahead, running, in_a_row
+):
+    assert prediction._holds_in_a_row(ahead, running) == in_a_row
+
+
+@pytest.mark.parametrize(
+    ("runs", "expected"),
+    [
+        # median 300, mean 400: one hold, two, three, sixteen in a row
+        ([100.0, 200.0, 300.0, 400.0, 1000.0], {1: 300.0, 2: 350.0, 3: 1300 / 3, 16: 381.25}),
+        ([100.0] * 25 + [200.0] * 25, {1: 100.0, 4: 150.0, 16: 150.0}),  # median 100, mean 150
+        # One run of 28 hours among 49 of 100 s (mean 2,098 s): a short sum that includes it is
+        # rare, and the median of the sum stays that of 100 s holds.
+        ([100.0] * 49 + [100_000.0], {1: 100.0, 4: 100.0, 16: 100.0}),
+    ],
+)
+def test_a_hold_in_a_sum_of_holds_is_its_mean_unless_a_rare_run_makes_it(runs, expected):
+    for draws, share in expected.items():
+        assert prediction._hold_in_a_sum(tuple(runs), draws) == pytest.approx(share)
+        # a fixed seed: the same history, the same answer
+        assert prediction._hold_in_a_sum.__wrapped__(tuple(runs), draws) == pytest.approx(share)
 
 
 def test_the_first_of_several_running_jobs_is_expected_to_end_before_their_median(
