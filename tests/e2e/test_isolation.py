@@ -509,17 +509,21 @@ server.listen(16)
 print("impostor listening", flush=True)
 turns = iter(range(1 << 30))
 turns_lock = threading.Lock()
+say_lock = threading.Lock()
+def say(*words):  # print writes each word on its own: threads' lines would interleave
+    with say_lock:
+        print(*words, flush=True)
 def answer(conn):
     try:
         request = conn.recv(65536).split(b"\r\n", 1)[0].decode(errors="replace")
         if not request.startswith("GET /api/"):
             # Ray's own processes report here too (POST /report_events): they take no turn,
             # so that Manta's first requests meet the redirect and the drip whatever they race.
-            print("impostor ignores", request, flush=True)
+            say("impostor ignores", request)
             return
         with turns_lock:
             turn = next(turns)
-        print("impostor turn", turn, request, flush=True)
+        say("impostor turn", turn, request)
         if turn % 3 == 0:
             conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:RECORDER/steal\r\n"
                          b"Content-Length: 0\r\n\r\n")
