@@ -36,7 +36,7 @@ import logging
 import math
 import random
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from django.conf import settings
 from django.core.cache import cache
@@ -270,7 +270,7 @@ def _release_times(rests: list[list[float]]) -> list[tuple[float, float]]:
     return times
 
 
-def _thinned(rests: list[float]) -> list[float]:
+def _thinned(rests: Sequence[float]) -> Sequence[float]:
     """At most :data:`HISTORY_RUNS` of ``rests`` (ascending): its nearest-rank quantiles at
     1/HISTORY_RUNS, 2/HISTORY_RUNS, … 1 (the median among them). A job whose history falls back
     on its workspace's or organisation's runs has thousands, and the pool of
@@ -555,8 +555,10 @@ def _replay(
             hold = Running(
                 admitted_job.workspace_id, admitted_job.requested, False, (0, 0), flavor, clock
             )
-            typical = _typical(runtime, clock >= future.strict_in, in_a_row)
-            end = clock + (typical, runtime.p90)[quantile]
+            if quantile:
+                end = clock + runtime.p90
+            else:
+                end = clock + _typical(runtime, clock >= future.strict_in, in_a_row)
             heapq.heappush(releases, (end, next(order), hold))
         if admitted:
             gone = {id(admitted_job) for admitted_job in admitted}
@@ -590,7 +592,7 @@ def _typical(runtime: Runtime, strict: bool, in_a_row: int) -> float:
     trace were predicted early; docs/prediction.md): :func:`_hold_in_a_sum`."""
     if not strict or in_a_row == 1 or not runtime.runs:
         return runtime.p50
-    return _hold_in_a_sum(tuple(_thinned(list(runtime.runs))), in_a_row)
+    return _hold_in_a_sum(tuple(_thinned(runtime.runs)), in_a_row)
 
 
 def cached_prediction(job: Job) -> Prediction:
