@@ -4,6 +4,7 @@ measure what each queue policy makes of it.
     .venv/bin/python bench/simulate.py --trace synthetic [--jobs 2000 --workspaces 20 …]
     .venv/bin/python bench/simulate.py --trace openb [--capacity-scale 0.01 --jobs N …]
     … [--policy fair_share|all] [--preemption] [--predictions 200] [--seed 1]
+    … [--diagnose] [--jain-bound]
 
 For each policy (``all``: every value of ``QueuePolicy``, so a policy added there is simulated
 without change here) a fresh organisation is built: N workspaces with the trace's guarantees,
@@ -43,22 +44,32 @@ Per policy it prints:
   p90, over the jobs that waited at least ``--min-wait`` seconds (the others are counted apart:
   a relative error of a wait near 0 means nothing);
 - the replay's speed: simulated jobs ÷ wall seconds of the replay (predictions not counted).
+
+``--diagnose`` breaks the prediction error down (overtaken or not, early or late, and by the GPU
+releases each job waited for, beside the least error any point prediction could have had);
+``--jain-bound`` adds the most Jain's index could have been with the jobs present at each
+moment, each whole, and each workspace's part in what was lost (docs/simulation.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import datetime as dt
+import functools
 import heapq
+import itertools
 import math
+import random
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from unittest import mock
 
+import numpy as np
 from common import percentile
 from traces import OPENB_DIR, SyntheticParams, Trace, openb, synthetic
 
@@ -157,11 +168,16 @@ class Result:
     jain: float
     contended_seconds: float  # the time Jain is averaged over
     jain_windowed: float  # over windows of contention (held and fair integrated per window)
+    jain_bound: float | None  # the most any allocation of the jobs present could have had
+    # workspace index → (seconds contended, ∫x, ∫(x − mean x)², seconds at x = 0, ∫fair) under
+    # contention, x being held ÷ fair (with jain_bound only)
+    shares: dict[int, list[float]]
     preempted: int  # attempts ended by preemption
     preempted_gpu_hours: float
     predictions: list[tuple[float, float | None]]  # (actual wait, predicted p50 wait) seconds
     predicted: dict[int, float | None]  # task index → predicted p50 wait (seconds)
     prediction_seconds: float  # wall time spent predicting
+    releases: list[float]  # seconds: when a run that held GPUs ended or was preempted, in order
     wall_seconds: float  # wall time of the replay, predictions excluded
     passes: int
 
@@ -189,6 +205,45 @@ def fair_allocation(demand: dict[int, float], weight: dict[int, float], capacity
     return alloc
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _held_options(jobs: frozenset, demand: float) -> np.ndarray:
+    """The GPUs a workspace could hold with the jobs it has (``jobs``: (size, count) pairs of
+    the ones running or queued, whose sizes add up to ``demand``), each job whole: the sum of
+    every subset of their sizes, sorted, in hundredths of a GPU turned back into GPUs."""
+    reachable = 1  # bit s: a subset adds up to s hundredths
+    for size, count in jobs:
+        step = round(size * 100)
+        for _ in range(count):
+            reachable |= reachable << step
+    width = (reachable.bit_length() + 7) // 8
+    bits = np.unpackbits(
+        np.frombuffer(reachable.to_bytes(width, "little"), dtype=np.uint8), bitorder="little"
+    )
+    return np.flatnonzero(bits) / 100
+
+
+JAIN_GRID = np.arange(1, 4001) / 1000  # the means tried: 0.001 to 4
+
+
+def jain_bound(options: list[np.ndarray]) -> float:
+    """The most Jain's index can be when workspace w's share x_w must be one of ``options[w]``
+    (sorted): whatever shares with mean m are chosen, their variance is at least the mean over
+    the workspaces of the squared distance from m to the nearest of their options, and the
+    index is m² ÷ (m² + variance): at most m² ÷ (m² + that). The maximum over m is taken on a
+    grid (0.001 to 4, then 1,000 steps up to the largest option). The capacity is not checked:
+    this bounds every allocation, it does not make one."""
+    top = max(float(values[-1]) for values in options)
+    grid = JAIN_GRID if top <= 4 else np.concatenate([JAIN_GRID, np.linspace(4, top, 1000)])
+    spread = np.zeros_like(grid)
+    for values in options:
+        at = np.searchsorted(values, grid)
+        below = values[np.clip(at - 1, 0, len(values) - 1)]
+        above = values[np.clip(at, 0, len(values) - 1)]
+        spread += np.minimum(np.abs(grid - below), np.abs(above - grid)) ** 2
+    spread /= len(options)
+    return float(np.max(grid**2 / (grid**2 + spread)))
+
+
 def jain(shares: list[float]) -> float:
     """Jain's index of ``shares``: 1 when all are equal, 1/n when one holds everything."""
     total, squares = sum(shares), sum(x * x for x in shares)
@@ -207,6 +262,7 @@ class Replay:
         preemption: bool,
         predictions: int = 0,
         jain_window: float = 3600.0,
+        jain_bound: bool = False,
     ):
         self.trace, self.world, self.policy = trace, world, policy
         self.preemption = preemption
@@ -222,6 +278,7 @@ class Replay:
         self.queued: set[int] = set()  # task indices
         self.running: set[int] = set()
         self.ends: list[tuple[float, int, int]] = []  # (end, task index, attempt)
+        self.releases: list[float] = []  # when GPUs were freed (Result.releases)
         self.held = defaultdict(float)  # workspace index → GPUs held
         self.waiting_gpu = defaultdict(float)  # workspace index → GPUs queued
         self.predicted: dict[int, float | None] = {}
@@ -235,6 +292,10 @@ class Replay:
         self.window: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])  # ws → ∫held, ∫fair
         self.window_span = self.windowed_time = self.windowed_jain_time = 0.0
         self.weights = {ws: g["gpu"] for ws, g in enumerate(trace.guarantees)}
+        # For the bound on Jain's index: each workspace's jobs between arrival and end (GPUs).
+        self.present: dict[int, Counter] | None = defaultdict(Counter) if jain_bound else None
+        self.bound_time = self.bound_seconds = 0.0
+        self.shares: dict[int, list[float]] = defaultdict(lambda: [0.0] * 5)
 
     # --- the loop
 
@@ -260,7 +321,7 @@ class Replay:
                 if self.queued:
                     self._admit()
         self._close_window()
-        wall = time.perf_counter() - started - self.prediction_seconds
+        wall = time.perf_counter() - started - self.prediction_seconds - self.bound_seconds
         waits: dict[int, list[float]] = defaultdict(list)
         for index, task in enumerate(tasks):
             if self.first_start[index] is not None:
@@ -287,11 +348,20 @@ class Replay:
             jain_windowed=(
                 self.windowed_jain_time / self.windowed_time if self.windowed_time else 1.0
             ),
+            jain_bound=(
+                None
+                if self.present is None
+                else self.bound_time / self.contended_time
+                if self.contended_time
+                else 1.0
+            ),
             preempted=self.preempted,
             preempted_gpu_hours=self.preempted_gpu_seconds / 3600,
             predictions=predictions,
             predicted=dict(self.predicted),
             prediction_seconds=self.prediction_seconds,
+            releases=self.releases,
+            shares=dict(self.shares),
             wall_seconds=wall,
             passes=self.passes,
         )
@@ -312,6 +382,19 @@ class Replay:
         if len(fair) >= 2:
             self.contended_time += span
             self.jain_time += jain([self.held[ws] / fair[ws] for ws in fair]) * span
+            if self.present is not None:
+                started = time.perf_counter()
+                options = [
+                    _held_options(frozenset(self.present[ws].items()), demand[ws]) / fair[ws]
+                    for ws in fair
+                ]
+                self.bound_time += jain_bound(options) * span
+                shares = {ws: self.held[ws] / fair[ws] for ws in fair}
+                mean = statistics.fmean(shares.values())
+                for ws, x in shares.items():
+                    for k, value in enumerate((1, x, (x - mean) ** 2, x == 0, fair[ws])):
+                        self.shares[ws][k] += value * span
+                self.bound_seconds += time.perf_counter() - started
             for ws, share in fair.items():
                 self.window[ws][0] += self.held[ws] * span
                 self.window[ws][1] += share * span
@@ -358,6 +441,8 @@ class Replay:
             for i in new
         )
         for i, row in zip(new, rows, strict=True):
+            if self.present is not None and self.trace.tasks[i].gpu:
+                self.present[self.trace.tasks[i].workspace][self.trace.tasks[i].gpu] += 1
             self.job_ids[i] = row.pk
             self.index[row.pk] = i
             self._enqueue(i)
@@ -445,6 +530,11 @@ class Replay:
         for i in due:
             self.running.discard(i)
             self.held[self.trace.tasks[i].workspace] -= self.trace.tasks[i].gpu
+            if self.trace.tasks[i].gpu:
+                self.releases.append(now)
+                if self.present is not None:
+                    self.present[self.trace.tasks[i].workspace][self.trace.tasks[i].gpu] -= 1
+                    self.present[self.trace.tasks[i].workspace] += Counter()  # drop the zeros
 
     def _preempted(self) -> bool:
         """Account the runs the last pass preempted (their jobs are queued again)."""
@@ -464,6 +554,8 @@ class Replay:
             self.held[task.workspace] -= task.gpu
             self.preempted += 1
             self.preempted_gpu_seconds += task.gpu * (self.clock.seconds - self.started_at[i])
+            if task.gpu:
+                self.releases.append(self.clock.seconds)
             self._enqueue(i)
         return found
 
@@ -476,6 +568,7 @@ def simulate(
     predictions: int = 0,
     slug: str = "",
     jain_window: float = 3600.0,
+    jain_bound: bool = False,
 ) -> Result:
     """Replay ``trace`` under ``policy`` in a new organisation of the configured database."""
     from jobs.models import JobEvent
@@ -490,6 +583,7 @@ def simulate(
         preemption=preemption,
         predictions=predictions,
         jain_window=jain_window,
+        jain_bound=jain_bound,
     )
     replay.last_event_id = (
         JobEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
@@ -554,6 +648,28 @@ def print_table(rows: list[dict[str, str]]) -> None:
         print("| " + " | ".join(row[c].ljust(widths[c]) for c in columns) + " |")
 
 
+def fairness_report(result: Result, trace: Trace) -> str:
+    """The bound on Jain's index, and where the index is lost: each workspace's mean share
+    x = held ÷ fair while it had demand under contention, how often it held nothing, and its
+    part of the shares' variance (Jain = mean² ÷ (mean² + variance), time-weighted)."""
+    lines = [
+        f"  {result.policy}: Jain's index under contention {result.jain:.3f}; with the jobs "
+        "present at each moment, each whole, no allocation could have had more than "
+        f"{result.jain_bound:.3f}",
+        "    workspace: guarantee GPUs, mean fair GPUs, mean x, time at x = 0, "
+        "part of the variance (time with demand)",
+    ]
+    for ws, (seconds, x, spread, idle, fair) in sorted(
+        result.shares.items(), key=lambda item: -item[1][2]
+    ):
+        lines.append(
+            f"    {ws:>3}: {trace.guarantees[ws]['gpu']:6.2f} {fair / seconds:6.2f} "
+            f"{x / seconds:5.2f} {idle / seconds:4.0%} "
+            f"{spread / result.contended_seconds:6.3f} ({seconds / result.contended_seconds:.0%})"
+        )
+    return "\n".join(lines)
+
+
 def short_prediction_report(result: Result, min_wait: float) -> str:
     """How the predictions of jobs that barely waited fared (absolute error)."""
     short = [(a, p) for a, p in result.predictions if a < min_wait and p is not None]
@@ -609,7 +725,87 @@ def diagnosis(result: Result, trace: Trace, predicted: dict[int, float | None], 
                 lines.append(
                     f"      {side}: {len(signed)} jobs, error p50 {percentile(signed, 50):+.0%}"
                 )
+    lines.extend(_release_floor(result, trace, predicted, min_wait))
     return "\n".join([f"  {result.policy}: where the error comes from", *lines])
+
+
+RELEASE_BUCKETS = ((0, 0), (1, 1), (2, 3), (4, 9), (10, 31), (32, math.inf))
+FLOOR_DRAWS = 1000
+
+
+def _release_floor(
+    result: Result, trace: Trace, predicted: dict[int, float | None], min_wait: float
+) -> list[str]:
+    """The error by how many GPU releases (runs ending or preempted) a job waited for, and the
+    least error any point prediction could have had on these jobs: were releases a Poisson
+    process (many running jobs of unrelated lengths), the wait for the k-th release is
+    Gamma(k)-distributed, and even a prediction that knew each job's k and the release rate
+    misses by at least what the best constants for those distributions do
+    (:func:`_least_error`). The gaps between releases say how close to Poisson they are: their
+    coefficient of variation is 1 for a Poisson process, above 1 when releases bunch up."""
+    tasks, starts, releases = trace.tasks, result.first_starts, result.releases
+    errors: dict[int, list[float]] = defaultdict(list)
+    ks = []
+    for i, guess in predicted.items():
+        if guess is None or starts[i] is None or starts[i] - tasks[i].arrival < min_wait:
+            continue
+        actual = starts[i] - tasks[i].arrival
+        k = bisect.bisect_right(releases, starts[i]) - bisect.bisect_right(
+            releases, tasks[i].arrival
+        )
+        errors[k].append(abs(guess - actual) / actual)
+        ks.append(k)
+    if not ks:
+        return []
+    parts = []
+    for low, high in RELEASE_BUCKETS:
+        found = sorted(e for k, es in errors.items() if low <= k <= high for e in es)
+        if found:
+            name = str(low) if low == high else f"{low}+" if high == math.inf else f"{low}-{high}"
+            parts.append(
+                f"{name}: {len(found)} jobs, p50 {percentile(found, 50):.0%}, "
+                f"p90 {percentile(found, 90):.0%}"
+            )
+    gaps = [later - earlier for earlier, later in itertools.pairwise(releases)]
+    spread = statistics.pstdev(gaps) / statistics.fmean(gaps) if len(gaps) > 1 else math.nan
+    return [
+        "    |error| by the GPU releases a job waited for: " + "; ".join(parts),
+        f"    gaps between GPU releases: {len(gaps)}, coefficient of variation {spread:.2f}",
+        "    the least a point prediction could miss by, releases being a Poisson process "
+        f"(knowing each job's count and their rate): p50 {_least_error(ks, 0.5):.0%}, "
+        f"p90 {_least_error(ks, 0.9):.0%} ({sum(1 for k in ks if not k)} jobs "
+        "that waited for no release count as exact)",
+    ]
+
+
+def _least_error(ks: list[int], q: float) -> float:
+    """The least e such that a point prediction of each job's wait, knowing only that it is
+    the time to its k-th release of a Poisson process, could be within e of the actual wait
+    for a fraction ``q`` of the jobs: each job's best constant for that e covers the share of
+    its Gamma(k) draws it covers (:func:`_gamma_errors`), and e is found by bisection."""
+
+    def covered(e: float) -> float:
+        return sum(
+            max(bisect.bisect_right(errors, e) for errors in _gamma_errors(k)) / FLOOR_DRAWS
+            if k
+            else 1.0
+            for k in ks
+        )
+
+    low, high = 0.0, 100.0
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (low, middle) if covered(middle) >= q * len(ks) else (middle, high)
+    return high
+
+
+@functools.cache
+def _gamma_errors(k: int) -> list[list[float]]:
+    """For each candidate constant c (0.02k to 3k), the sorted |c − x| ÷ x over fixed-seed
+    draws x of the time to the k-th event of a Poisson process of rate 1 (Gamma(k, 1))."""
+    rng = random.Random(k)
+    draws = [rng.gammavariate(k, 1.0) for _ in range(FLOOR_DRAWS)]
+    return [sorted(abs(c - x) / x for x in draws) for c in (k * n / 50 for n in range(1, 151))]
 
 
 def main() -> None:
@@ -629,6 +825,11 @@ def main() -> None:
     parser.add_argument("--min-wait", type=float, default=60, help="seconds; see the docstring")
     parser.add_argument(
         "--jain-window", type=float, default=3600, help="seconds of contention per window"
+    )
+    parser.add_argument(
+        "--jain-bound",
+        action="store_true",
+        help="also the most Jain's index could have been with the jobs present, each whole",
     )
     parser.add_argument("--guaranteed", type=float, default=defaults.guaranteed,
                         help="Σ guarantees ÷ capacity")  # fmt: skip
@@ -687,6 +888,7 @@ def main() -> None:
             preemption=args.preemption,
             predictions=args.predictions,
             jain_window=args.jain_window,
+            jain_bound=args.jain_bound,
         )
         results.append(result)
         rows.append(summary(result, args.min_wait))
@@ -704,6 +906,9 @@ def main() -> None:
         line = short_prediction_report(result, args.min_wait)
         if line:
             print(line)
+    for result in results:
+        if result.jain_bound is not None:
+            print(fairness_report(result, trace))
     if args.diagnose:
         for result in results:
             print(diagnosis(result, trace, result.predicted, args.min_wait))
