@@ -206,10 +206,10 @@ def fair_allocation(demand: dict[int, float], weight: dict[int, float], capacity
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _held_options(jobs: frozenset, demand: float) -> np.ndarray:
+def _held_options(jobs: frozenset) -> np.ndarray:
     """The GPUs a workspace could hold with the jobs it has (``jobs``: (size, count) pairs of
-    the ones running or queued, whose sizes add up to ``demand``), each job whole: the sum of
-    every subset of their sizes, sorted, in hundredths of a GPU turned back into GPUs."""
+    the ones running or queued), each job whole: the sum of every subset of their sizes,
+    sorted, in hundredths of a GPU turned back into GPUs."""
     reachable = 1  # bit s: a subset adds up to s hundredths
     for size, count in jobs:
         step = round(size * 100)
@@ -385,8 +385,7 @@ class Replay:
             if self.present is not None:
                 started = time.perf_counter()
                 options = [
-                    _held_options(frozenset(self.present[ws].items()), demand[ws]) / fair[ws]
-                    for ws in fair
+                    _held_options(frozenset(self.present[ws].items())) / fair[ws] for ws in fair
                 ]
                 self.bound_time += jain_bound(options) * span
                 shares = {ws: self.held[ws] / fair[ws] for ws in fair}
@@ -533,8 +532,13 @@ class Replay:
             if self.trace.tasks[i].gpu:
                 self.releases.append(now)
                 if self.present is not None:
-                    self.present[self.trace.tasks[i].workspace][self.trace.tasks[i].gpu] -= 1
-                    self.present[self.trace.tasks[i].workspace] += Counter()  # drop the zeros
+                    present, size = (
+                        self.present[self.trace.tasks[i].workspace],
+                        self.trace.tasks[i].gpu,
+                    )
+                    present[size] -= 1
+                    if not present[size]:
+                        del present[size]
 
     def _preempted(self) -> bool:
         """Account the runs the last pass preempted (their jobs are queued again)."""

@@ -100,9 +100,9 @@ def test_the_least_error_shrinks_as_a_wait_spans_more_releases():
 
 
 def test_a_workspace_holds_any_whole_subset_of_its_jobs():
-    options = _held_options(frozenset({(8.0, 1), (1.0, 2)}), 10.0)
+    options = _held_options(frozenset({(8.0, 1), (1.0, 2)}))
     assert list(options) == [0, 1, 2, 8, 9, 10]
-    assert list(_held_options(frozenset({(0.5, 3)}), 1.5)) == [0, 0.5, 1, 1.5]
+    assert list(_held_options(frozenset({(0.5, 3)}))) == [0, 0.5, 1, 1.5]
 
 
 def test_the_bound_on_jains_index_is_reached_when_shares_can_be_equal_and_holds_them_apart():
