@@ -176,6 +176,8 @@ class Result:
     preempted_gpu_hours: float
     predictions: list[tuple[float, float | None]]  # (actual wait, predicted p50 wait) seconds
     predicted: dict[int, float | None]  # task index → predicted p50 wait (seconds)
+    # task index → expected submissions the prediction's p50 replay admitted before it
+    expected_overtakers: dict[int, int]
     prediction_seconds: float  # wall time spent predicting
     releases: list[float]  # seconds: when a run that held GPUs ended or was preempted, in order
     wall_seconds: float  # wall time of the replay, predictions excluded
@@ -282,6 +284,7 @@ class Replay:
         self.held = defaultdict(float)  # workspace index → GPUs held
         self.waiting_gpu = defaultdict(float)  # workspace index → GPUs queued
         self.predicted: dict[int, float | None] = {}
+        self.expected_overtakers: dict[int, int] = {}
         self.prediction_seconds = 0.0
         self.passes = self.preempted = 0
         self.preempted_gpu_seconds = 0.0
@@ -359,6 +362,7 @@ class Replay:
             preempted_gpu_hours=self.preempted_gpu_seconds / 3600,
             predictions=predictions,
             predicted=dict(self.predicted),
+            expected_overtakers=dict(self.expected_overtakers),
             prediction_seconds=self.prediction_seconds,
             releases=self.releases,
             shares=dict(self.shares),
@@ -458,6 +462,7 @@ class Replay:
         self.predicted[i] = (
             None if prediction.p50 is None else (prediction.p50 - job.queued_at).total_seconds()
         )
+        self.expected_overtakers[i] = prediction.overtakers
 
     def _enqueue(self, i: int) -> None:
         self.queued.add(i)
@@ -694,9 +699,11 @@ def diagnosis(result: Result, trace: Trace, predicted: dict[int, float | None], 
     """Where the prediction error comes from: the sampled jobs that waited ``min_wait`` or more,
     split by whether jobs submitted after them started before them (the replay cannot know
     those unless it models arrivals) and by the sign of the error (early: predicted to start
-    sooner than it did)."""
+    sooner than it did), with how many jobs submitted later the replay let go first (expected
+    submissions) against how many did."""
     tasks, starts = trace.tasks, result.first_starts
     groups: dict[str, list[float]] = defaultdict(list)
+    counts: dict[str, list[tuple[int, int]]] = defaultdict(list)  # (expected, actual)
     for i, guess in predicted.items():
         if guess is None or starts[i] is None:
             continue
@@ -715,6 +722,7 @@ def diagnosis(result: Result, trace: Trace, predicted: dict[int, float | None], 
         kind = "overtaken" if overtakers else "not overtaken"
         groups[f"{kind}, {side}"].append(error)
         groups[kind].append(abs(error))
+        counts[f"{kind}, {side}"].append((result.expected_overtakers.get(i, 0), overtakers))
     lines = []
     for name in ("not overtaken", "overtaken"):
         errors = sorted(groups.get(name, []))
@@ -726,8 +734,11 @@ def diagnosis(result: Result, trace: Trace, predicted: dict[int, float | None], 
         for side in ("early", "late"):
             signed = sorted(groups.get(f"{name}, {side}", []))
             if signed:
+                expected, actual = zip(*counts[f"{name}, {side}"], strict=True)
                 lines.append(
-                    f"      {side}: {len(signed)} jobs, error p50 {percentile(signed, 50):+.0%}"
+                    f"      {side}: {len(signed)} jobs, error p50 {percentile(signed, 50):+.0%}; "
+                    f"later jobs that went first, median: {statistics.median(expected):g} "
+                    f"expected, {statistics.median(actual):g} did"
                 )
     lines.extend(_release_floor(result, trace, predicted, min_wait))
     return "\n".join([f"  {result.policy}: where the error comes from", *lines])

@@ -81,6 +81,9 @@ class Prediction:
     p50: dt.datetime | None  # predicted start, median; None = cannot predict (never fits)
     p90: dt.datetime | None
     why_unknown: str = ""  # when p50 is None: why
+    # expected submissions (not yet made) the p50 replay admitted before it: not part of the
+    # answer, but what bench/simulate.py --diagnose compares with the jobs that overtook it
+    overtakers: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -522,11 +525,11 @@ def _replay(
     now: dt.datetime,
     future: _Future,
     in_a_row: int,
-) -> tuple[float | None, int]:
-    """Seconds from now until ``job`` is admitted (None: never), and how many queued jobs are
-    admitted before it, replaying admission with the ``quantile`` (0: p50, 1: p90) run times
-    and the ``future`` submissions (``in_a_row``: :func:`_typical`). ``ledger`` is changed:
-    pass a copy."""
+) -> tuple[float | None, int, int]:
+    """Seconds from now until ``job`` is admitted (None: never), how many queued jobs are
+    admitted before it and how many expected submissions, replaying admission with the
+    ``quantile`` (0: p50, 1: p90) run times and the ``future`` submissions (``in_a_row``:
+    :func:`_typical`). ``ledger`` is changed: pass a copy."""
     policy, max_wait = _policy(ledger)
     # fair_share weighs past usage, which grows as jobs end (quotas.services folds each
     # released hold in): the replay does the same, or a workspace's key would stay as it is
@@ -535,7 +538,7 @@ def _replay(
     order = itertools.count()
     releases = [(held.ends[quantile], next(order), held) for held in running]
     heapq.heapify(releases)
-    remaining, clock, ahead = list(queue), 0.0, 0
+    remaining, clock, ahead, overtakers = list(queue), 0.0, 0, 0
     while True:
         at = now + dt.timedelta(seconds=clock)
         admitted = admission.plan(
@@ -548,8 +551,10 @@ def _replay(
         )
         for admitted_job in admitted:
             if admitted_job is job:
-                return clock, ahead
-            ahead += admitted_job.pk < VIRTUAL_PK  # a future submission has no place yet
+                return clock, ahead, overtakers
+            future_job = admitted_job.pk >= VIRTUAL_PK  # it has no place in the queue yet
+            ahead += not future_job
+            overtakers += future_job
             runtime = runtimes.get(id(admitted_job)) or future.runtimes[id(admitted_job)]
             flavor = ledger.flavors.flavor_of(admitted_job) if ledger.flavors else ""
             hold = Running(
@@ -564,7 +569,7 @@ def _replay(
             gone = {id(admitted_job) for admitted_job in admitted}
             remaining = [queued for queued in remaining if id(queued) not in gone]
         if not releases:
-            return None, ahead  # nothing left to release, and it still does not fit
+            return None, ahead, overtakers  # nothing left to release, and it still does not fit
         clock = releases[0][0]
         while releases and releases[0][0] <= clock:
             _, _, held = heapq.heappop(releases)
@@ -672,7 +677,7 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
     starts = []
     for quantile in (0, 1):
         future = _Future(arrivals, history, now, subject=subject, strict_in=strict_in)
-        wait, ahead = _replay(
+        wait, ahead, overtakers = _replay(
             copy.deepcopy(ledger),
             subject,
             queue,
@@ -683,8 +688,8 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
             future,
             in_a_row,
         )
-        starts.append((wait, ahead))
-    (wait50, ahead), (wait90, _) = starts
+        starts.append((wait, ahead, overtakers))
+    (wait50, ahead, overtakers), (wait90, _, _) = starts
     if wait50 is None:
         reason = "it does not fit even when every running and earlier job has ended"
         return Prediction(ahead + 1, blocker, None, None, reason)
@@ -692,7 +697,11 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
         return Prediction(0, None, now, now)
     p90 = max(wait50, wait90 if wait90 is not None else wait50)
     return Prediction(
-        ahead + 1, blocker, now + dt.timedelta(seconds=wait50), now + dt.timedelta(seconds=p90)
+        ahead + 1,
+        blocker,
+        now + dt.timedelta(seconds=wait50),
+        now + dt.timedelta(seconds=p90),
+        overtakers=overtakers,
     )
 
 

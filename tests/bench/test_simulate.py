@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from simulate import (
     _held_options,
     _least_error,
+    diagnosis,
     fair_allocation,
     fairness_report,
     jain,
@@ -59,6 +60,17 @@ def test_a_small_replay_is_sane_under_every_policy(policy):
             priority, start = trace.tasks[i].priority, result.first_starts[i]
             assert start >= last_start.get(priority, 0.0), "fifo overtook an earlier job"
             last_start[priority] = start
+
+
+@pytest.mark.django_db
+def test_the_diagnosis_sets_expected_overtakers_against_actual_ones():
+    trace = synthetic(SMALL)
+    result = simulate(trace, QueuePolicy.FAIR_SHARE, predictions=20)
+    assert set(result.expected_overtakers) == set(result.predicted)
+    assert all(count >= 0 for count in result.expected_overtakers.values())
+    report = diagnosis(result, trace, result.predicted, 1.0)
+    assert "later jobs that went first, median:" in report
+    assert "the least a point prediction could miss by" in report
 
 
 @pytest.mark.django_db

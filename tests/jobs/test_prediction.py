@@ -454,7 +454,7 @@ def test_a_heavy_users_job_starts_after_the_light_users_expected_submissions(wor
     # At +1200 s the running job ends: nothing else is queued, so mine starts (the light
     # workspace's first expected job arrives at +1800 s, after).
     assert seconds_after(now, waiting.p50) == 1200
-    assert waiting.position == 1
+    assert waiting.position == 1 and waiting.overtakers == 0
 
     # Now the running job is expected to hold until +2000 s: by then the light workspace's
     # next job has arrived (+1800 s) and, having used less, goes first; mine starts at its
@@ -463,11 +463,12 @@ def test_a_heavy_users_job_starts_after_the_light_users_expected_submissions(wor
     history(gpu_template, [2000, 2000, 2000])
     waiting = prediction.predict_start(mine, now=now)
     assert seconds_after(now, waiting.p50) == 3200
-    assert waiting.position == 1
+    assert waiting.position == 1 and waiting.overtakers == 1
 
     # Under fifo the same future job comes after mine: it cannot overtake.
     OrgQuota.objects.filter(organization=world.org).update(policy="fifo")
-    assert seconds_after(now, prediction.predict_start(mine, now=now).p50) == 2000
+    under_fifo = prediction.predict_start(mine, now=now)
+    assert seconds_after(now, under_fifo.p50) == 2000 and under_fifo.overtakers == 0
 
 
 def test_a_higher_priority_stream_is_expected_to_go_first_even_under_fifo(world, gpu_template):
