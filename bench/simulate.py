@@ -351,13 +351,7 @@ class Replay:
             jain_windowed=(
                 self.windowed_jain_time / self.windowed_time if self.windowed_time else 1.0
             ),
-            jain_bound=(
-                None
-                if self.present is None
-                else self.bound_time / self.contended_time
-                if self.contended_time
-                else 1.0
-            ),
+            jain_bound=None if self.present is None else self._mean_bound(),
             preempted=self.preempted,
             preempted_gpu_hours=self.preempted_gpu_seconds / 3600,
             predictions=predictions,
@@ -369,6 +363,10 @@ class Replay:
             wall_seconds=wall,
             passes=self.passes,
         )
+
+    def _mean_bound(self) -> float:
+        """The bound on Jain's index, time-weighted like the index (1 with no contention)."""
+        return self.bound_time / self.contended_time if self.contended_time else 1.0
 
     def _account(self, since: float, until: float) -> None:
         """Count the interval [since, until), in which nothing changed, into the metrics."""
@@ -385,14 +383,14 @@ class Replay:
         fair = fair_allocation(demand, self.weights, self.trace.capacity["gpu"])
         if len(fair) >= 2:
             self.contended_time += span
-            self.jain_time += jain([self.held[ws] / fair[ws] for ws in fair]) * span
+            shares = {ws: self.held[ws] / fair[ws] for ws in fair}
+            self.jain_time += jain(list(shares.values())) * span
             if self.present is not None:
                 started = time.perf_counter()
                 options = [
                     _held_options(frozenset(self.present[ws].items())) / fair[ws] for ws in fair
                 ]
                 self.bound_time += jain_bound(options) * span
-                shares = {ws: self.held[ws] / fair[ws] for ws in fair}
                 mean = statistics.fmean(shares.values())
                 for ws, x in shares.items():
                     for k, value in enumerate((1, x, (x - mean) ** 2, x == 0, fair[ws])):
@@ -537,10 +535,8 @@ class Replay:
             if self.trace.tasks[i].gpu:
                 self.releases.append(now)
                 if self.present is not None:
-                    present, size = (
-                        self.present[self.trace.tasks[i].workspace],
-                        self.trace.tasks[i].gpu,
-                    )
+                    task = self.trace.tasks[i]
+                    present, size = self.present[task.workspace], task.gpu
                     present[size] -= 1
                     if not present[size]:
                         del present[size]
@@ -704,6 +700,8 @@ def diagnosis(result: Result, trace: Trace, predicted: dict[int, float | None], 
     tasks, starts = trace.tasks, result.first_starts
     groups: dict[str, list[float]] = defaultdict(list)
     counts: dict[str, list[tuple[int, int]]] = defaultdict(list)  # (expected, actual)
+    by_releases: dict[int, list[float]] = defaultdict(list)  # GPU releases waited → |error|
+    releases = result.releases
     for i, guess in predicted.items():
         if guess is None or starts[i] is None:
             continue
@@ -723,6 +721,10 @@ def diagnosis(result: Result, trace: Trace, predicted: dict[int, float | None], 
         groups[f"{kind}, {side}"].append(error)
         groups[kind].append(abs(error))
         counts[f"{kind}, {side}"].append((result.expected_overtakers.get(i, 0), overtakers))
+        waited_for = bisect.bisect_right(releases, starts[i]) - bisect.bisect_right(
+            releases, tasks[i].arrival
+        )
+        by_releases[waited_for].append(abs(error))
     lines = []
     for name in ("not overtaken", "overtaken"):
         errors = sorted(groups.get(name, []))
@@ -740,7 +742,7 @@ def diagnosis(result: Result, trace: Trace, predicted: dict[int, float | None], 
                     f"later jobs that went first, median: {statistics.median(expected):g} "
                     f"expected, {statistics.median(actual):g} did"
                 )
-    lines.extend(_release_floor(result, trace, predicted, min_wait))
+    lines.extend(_release_floor(by_releases, releases))
     return "\n".join([f"  {result.policy}: where the error comes from", *lines])
 
 
@@ -748,28 +750,16 @@ RELEASE_BUCKETS = ((0, 0), (1, 1), (2, 3), (4, 9), (10, 31), (32, math.inf))
 FLOOR_DRAWS = 1000
 
 
-def _release_floor(
-    result: Result, trace: Trace, predicted: dict[int, float | None], min_wait: float
-) -> list[str]:
-    """The error by how many GPU releases (runs ending or preempted) a job waited for, and the
-    least error any point prediction could have had on these jobs: were releases a Poisson
+def _release_floor(errors: dict[int, list[float]], releases: list[float]) -> list[str]:
+    """The error by how many GPU releases (runs ending or preempted) a job waited for
+    (``errors``: that count → the |error| of each such job), and the least error any point
+    prediction could have had on these jobs: were releases a Poisson
     process (many running jobs of unrelated lengths), the wait for the k-th release is
     Gamma(k)-distributed, and even a prediction that knew each job's k and the release rate
     misses by at least what the best constants for those distributions do
     (:func:`_least_error`). The gaps between releases say how close to Poisson they are: their
     coefficient of variation is 1 for a Poisson process, above 1 when releases bunch up."""
-    tasks, starts, releases = trace.tasks, result.first_starts, result.releases
-    errors: dict[int, list[float]] = defaultdict(list)
-    ks = []
-    for i, guess in predicted.items():
-        if guess is None or starts[i] is None or starts[i] - tasks[i].arrival < min_wait:
-            continue
-        actual = starts[i] - tasks[i].arrival
-        k = bisect.bisect_right(releases, starts[i]) - bisect.bisect_right(
-            releases, tasks[i].arrival
-        )
-        errors[k].append(abs(guess - actual) / actual)
-        ks.append(k)
+    ks = [k for k, found in errors.items() for _ in found]
     if not ks:
         return []
     parts = []
