@@ -3,7 +3,7 @@ measure what each queue policy makes of it.
 
     .venv/bin/python bench/simulate.py --trace synthetic [--jobs 2000 --workspaces 20 …]
     .venv/bin/python bench/simulate.py --trace openb [--capacity-scale 0.01 --jobs N …]
-    … [--policy fair_share|all] [--preemption] [--predictions 200] [--seed 1]
+    … [--policy fair_share|all] [--preemption] [--fair-preemption] [--predictions 200] [--seed 1]
     … [--diagnose] [--jain-bound]
 
 For each policy (``all``: every value of ``QueuePolicy``, so a policy added there is simulated
@@ -73,6 +73,8 @@ import numpy as np
 from common import percentile
 from traces import OPENB_DIR, SyntheticParams, Trace, openb, synthetic
 
+from quotas.fairness import fair_allocation
+
 EPOCH = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)  # simulated second 0
 # SyntheticParams with a flag of their own (the others have theirs above).
 SYNTHETIC_FLAGS = [
@@ -94,7 +96,7 @@ class World:
     versions: dict[str, int]  # template name → version id
 
 
-def build(trace: Trace, policy: str, *, preemption: bool, slug: str) -> World:
+def build(trace: Trace, policy: str, *, preemption: bool, slug: str, fair: bool = False) -> World:
     """An organisation for one replay: its quota, the workspaces with their guarantees, and a
     template (one version) for each template the trace names. Workspaces launch on a target
     that is not this host, so only the organisation's capacity binds."""
@@ -107,7 +109,11 @@ def build(trace: Trace, policy: str, *, preemption: bool, slug: str) -> World:
     system = Actor.system("simulate")
     org, owner = services.org_create(actor=system, slug=slug, name="", owner_email=f"o@{slug}.t")
     OrgQuota.objects.create(
-        organization=org, policy=policy, preemption=preemption, **trace.capacity
+        organization=org,
+        policy=policy,
+        preemption=preemption or fair,
+        fair_share_preemption=fair,
+        **trace.capacity,
     )
     # A victim leaves at once: the replay has no driver to give a grace period to.
     type(org).objects.filter(pk=org.pk).update(preemption_grace_seconds=0)
@@ -185,26 +191,6 @@ class Result:
 
     def all_waits(self) -> list[float]:
         return [wait for waits in self.waits.values() for wait in waits]
-
-
-def fair_allocation(demand: dict[int, float], weight: dict[int, float], capacity: float):
-    """Weighted max-min fair split of ``capacity`` among workspaces with ``demand`` (water
-    filling): a workspace gets its demand or its weight's share of what is left, whichever is
-    less."""
-    alloc: dict[int, float] = {}
-    active = {ws for ws, need in demand.items() if need > 0 and weight.get(ws, 0) > 0}
-    left = capacity
-    while active:
-        level = left / sum(weight[ws] for ws in active)
-        satisfied = {ws for ws in active if demand[ws] <= level * weight[ws]}
-        if not satisfied:
-            alloc.update({ws: level * weight[ws] for ws in active})
-            break
-        for ws in satisfied:
-            alloc[ws] = demand[ws]
-            left -= demand[ws]
-        active -= satisfied
-    return alloc
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -570,6 +556,8 @@ def simulate(
     policy: str,
     *,
     preemption: bool = False,
+    fair_preemption: bool = False,
+    fair_gain: float | None = None,
     predictions: int = 0,
     slug: str = "",
     jain_window: float = 3600.0,
@@ -579,13 +567,17 @@ def simulate(
     from jobs.models import JobEvent
 
     world = build(
-        trace, policy, preemption=preemption, slug=slug or f"sim-{policy.replace('_', '-')}"
+        trace,
+        policy,
+        preemption=preemption,
+        fair=fair_preemption,
+        slug=slug or f"sim-{policy.replace('_', '-')}",
     )
     replay = Replay(
         trace,
         world,
         policy,
-        preemption=preemption,
+        preemption=preemption or fair_preemption,
         predictions=predictions,
         jain_window=jain_window,
         jain_bound=jain_bound,
@@ -593,7 +585,10 @@ def simulate(
     replay.last_event_id = (
         JobEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
     )
-    return replay.run()
+    if fair_gain is None:
+        return replay.run()
+    with mock.patch("jobs.preemption.FAIR_GAIN", fair_gain):
+        return replay.run()
 
 
 # --- the report -----------------------------------------------------------------------------
@@ -824,6 +819,18 @@ def main() -> None:
     parser.add_argument("--database", default="manta_bench_simulate", help="dropped and made anew")
     parser.add_argument("--preemption", action="store_true", help="the org preempts borrowers")
     parser.add_argument(
+        "--fair-preemption",
+        action="store_true",
+        help="fair_share: also preempt for workspaces below their fair allocation",
+    )
+    parser.add_argument(
+        "--fair-gain",
+        type=float,
+        default=None,
+        help="the least fall in Σ (held ÷ fair − 1)² a fair-share preemption must bring "
+        "(default: jobs.preemption.FAIR_GAIN)",
+    )
+    parser.add_argument(
         "--predictions", type=int, default=200, help="jobs whose start is predicted"
     )
     parser.add_argument("--diagnose", action="store_true", help="break the prediction error down")
@@ -884,13 +891,18 @@ def main() -> None:
             guaranteed=args.guaranteed,
         )
     policies = list(QueuePolicy.values) if args.policy == "all" else [args.policy]
-    print(trace.description + (", preemption on" if args.preemption else ""))
+    preempting = ", preemption on" if args.preemption else ""
+    if args.fair_preemption:
+        preempting = ", preemption on (and for fair shares)"
+    print(trace.description + preempting)
     rows, results = [], []
     for policy in policies:
         result = simulate(
             trace,
             policy,
             preemption=args.preemption,
+            fair_preemption=args.fair_preemption,
+            fair_gain=args.fair_gain,
             predictions=args.predictions,
             jain_window=args.jain_window,
             jain_bound=args.jain_bound,

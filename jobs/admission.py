@@ -461,7 +461,13 @@ def _admit_locked(
         grace = Organization.objects.values_list("preemption_grace_seconds", flat=True).get(
             pk=organization_id
         )
-        for preemption in plan_preemptions(ledger, organization_id, queued, now=timezone.now()):
+        fair_after = (
+            max_wait if quota.fair_share_preemption and policy == QueuePolicy.FAIR_SHARE else None
+        )
+        preemptions = plan_preemptions(
+            ledger, organization_id, queued, now=timezone.now(), fair_after=fair_after
+        )
+        for preemption in preemptions:
             leaving = attempts_preempt(
                 [held.job_id for held in preemption.victims],
                 reason=preemption.reason(),

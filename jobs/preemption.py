@@ -16,29 +16,37 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 
 from django.db import connection
-from django.db.models import F, IntegerField, OuterRef, Subquery, Value
+from django.db.models import F, IntegerField, OuterRef, Subquery, Sum, Value, Window
 from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast, Coalesce, Least
+from django.db.models.functions import Cast, Coalesce, Least, RowNumber
 
 from quotas import selectors as quota_selectors
-from quotas.ledger import Held, Ledger, victims_for
+from quotas.fairness import fair_allocation, unfairness
+from quotas.ledger import EPSILON, Held, Ledger, victims_for
 from quotas.models import RESOURCES
+from quotas.tree import ROOT
 
 from .models import ATTEMPT_ACTIVE, Job, JobAttempt, JobState
+
+FAIR_GAIN = 0.25  # the least fall in Σ (held ÷ fair − 1)² a fair-share preemption brings
 
 
 @dataclasses.dataclass
 class Preemption:
-    job: Job  # the queued job that gets its guarantee back
+    job: Job  # the queued job that gets its guarantee (or its fair share) back
     victims: list[Held]
+    for_fairness: bool = False
 
     def reason(self) -> str:
-        return (
-            f"preempted for job {self.job.pk} of workspace {self.job.workspace.slug}, "
-            "which is under its guarantee"
+        why = (
+            "which holds less than its fair share"
+            if self.for_fairness
+            else "which is under its guarantee"
         )
+        return f"preempted for job {self.job.pk} of workspace {self.job.workspace.slug}, {why}"
 
 
 def preemption_candidates(organization_id: int) -> list[Held]:
@@ -111,12 +119,41 @@ def promised_jobs(organization_id: int, queued) -> list[Job]:
     return list(queued.filter(pk__in=ids)) if ids else []
 
 
+class _Candidates:
+    """The organisation's preemption candidates, read the first time a planned preemption
+    needs them (one query per pass at most). Reading them counts what jobs in their grace
+    period hold as already gone from ``ledger``: they are leaving."""
+
+    def __init__(self, ledger: Ledger, organization_id: int, now: dt.datetime):
+        self.ledger, self.organization_id, self.now = ledger, organization_id, now
+        self.held: list[Held] | None = None
+
+    @property
+    def read(self) -> bool:
+        return self.held is not None
+
+    def get(self) -> list[Held]:
+        if self.held is None:
+            self.held = []
+            for held in preemption_candidates(self.organization_id):
+                if held.leaving:
+                    self.ledger.hold(held, -1)  # on its way out already
+                elif not held.protected(self.now):
+                    self.held.append(held)
+        return self.held
+
+    def drop(self, victims: list[Held]) -> None:
+        gone = {held.job_id for held in victims}
+        self.held = [held for held in self.get() if held.job_id not in gone]
+
+
 def plan_preemptions(
     ledger: Ledger,
     organization_id: int,
     queued,
     *,
     now: dt.datetime,
+    fair_after: float | None = None,
 ) -> list[Preemption]:
     """Give guarantees back: for each workspace whose next queued job (of ``queued``, the
     organisation's queue without the jobs already admitted or promised) fits within its
@@ -131,36 +168,207 @@ def plan_preemptions(
     (:meth:`~quotas.ledger.Held.protected`) is never a victim: others may be chosen instead.
     A job short of a GPU flavor it is guaranteed (at a group or the organisation) takes only
     jobs that hold that flavor and borrow it (``quotas.ledger.victims_for``).
+
+    With ``fair_after`` (seconds; the organisation's fair-share preemption), the heads that
+    have waited longer than that and are still kept out only by the organisation's capacity
+    then preempt for fairness (:func:`_plan_fair`).
     ``ledger`` is updated as if every victim had left and every planned job were admitted."""
     preemptions: list[Preemption] = []
-    if not ledger.anyone_borrowing():
-        return preemptions  # nobody holds more than their guarantee: there is nothing to take
-    candidates: list[Held] | None = None
-    for workspace_id in list(ledger.ws_quotas):
+    candidates = _Candidates(ledger, organization_id, now)
+    for workspace_id in list(ledger.ws_quotas) if ledger.anyone_borrowing() else []:
         if not ledger.under_guarantee(workspace_id):
             continue  # at or above its guarantee: it has nothing to take back
         job = queued.filter(workspace_id=workspace_id).select_related("workspace").first()
         if job is None or not ledger.within_guarantee(job) or ledger.workspace_blocker(job):
             continue
         if not ledger.reclaimable_blocker(job):
-            if candidates is not None:
+            if candidates.read:
                 ledger.hold(job)  # it fits in what is leaving: nobody else counts that
             continue  # it fits without anyone else leaving (or the policy held it back)
-        if candidates is None:
-            candidates = []
-            for held in preemption_candidates(organization_id):
-                if held.leaving:
-                    ledger.hold(held, -1)  # on its way out already
-                elif not held.protected(now):
-                    candidates.append(held)
+        if not candidates.read:
+            candidates.get()
             if not ledger.reclaimable_blocker(job):
                 ledger.hold(job)  # room once the leaving jobs are gone: it waits for them
                 continue
-        victims = victims_for(ledger, job, candidates)
+        victims = victims_for(ledger, job, candidates.get())
         if victims is None:
             continue
         ledger.hold(job)
         preemptions.append(Preemption(job, victims))
-        gone = {held.job_id for held in victims}
-        candidates = [held for held in candidates if held.job_id not in gone]
+        candidates.drop(victims)
+    if fair_after is not None:
+        planned = {preemption.job.pk for preemption in preemptions}
+        preemptions += _plan_fair(
+            ledger,
+            queued.exclude(pk__in=planned),
+            candidates,
+            now,
+            now - dt.timedelta(seconds=fair_after),
+        )
     return preemptions
+
+
+# --- fair-share preemption -------------------------------------------------------------------
+
+
+def _plan_fair(
+    ledger: Ledger, queued, candidates: _Candidates, now: dt.datetime, cutoff: dt.datetime
+) -> list[Preemption]:
+    """Preempt for fairness (Kueue's fair-sharing preemption): each workspace's next job that
+    was queued before ``cutoff`` and is kept out only by the organisation's capacity (not by
+    its own limits, a group's, the host's or a GPU flavor's) may preempt jobs of workspaces
+    that hold more than their fair allocation (``quotas/fairness.py``) of a resource it is
+    short of — the most over it first, each victim's priority at most the claimant's — when
+
+    - that brings the workspaces closer to their fair allocations: Σ (held ÷ fair − 1)², over
+      the workspaces and the capped resources, falls by at least :data:`FAIR_GAIN`; and
+    - the policy agrees: the claimant's fair-share key once admitted is at most each victim
+      workspace's once its victims are gone (Kueue's ``LessThanOrEqualToFinalShare``).
+
+    The second rule keeps the two orders from passing jobs back and forth: without it, a
+    workspace over its fair allocation now but with a low key (it used little in the past)
+    was given back by the policy what preemption had taken from it, and lost it again — one
+    job was preempted 80 times in a replay. With it, a victim's workspace cannot preempt the
+    claimant back (its key would have to be below the claimant's, which is below its own).
+    Starved workspaces come first; one job per workspace per pass."""
+    demand = queued_demand(queued)
+    heads = [job for job in workspace_heads(queued) if job.queued_at < cutoff] if demand else []
+    if not heads:
+        return []
+    fair = {
+        name: _fair(ledger, demand, name)
+        for name in RESOURCES
+        if ledger.org_quota is not None and getattr(ledger.org_quota, name) is not None
+    }
+    preemptions: list[Preemption] = []
+    for job in sorted(heads, key=lambda job: _share(ledger, fair, job.workspace_id)):
+        short = _org_short(ledger, job)
+        if not short or any(job.workspace_id not in fair[name] for name in short):
+            continue  # not kept out by the capacity alone, or owed none of what it lacks
+        victims = _fair_victims(ledger, job, candidates.get(), fair, short, now)
+        if victims:
+            preemptions.append(Preemption(job, victims, for_fairness=True))
+            candidates.drop(victims)
+    return preemptions
+
+
+def _org_short(ledger: Ledger, job: Job) -> list[str]:
+    """The resources the organisation is short of for ``job`` when its capacity is all that
+    keeps the job out (none otherwise)."""
+    if ledger.workspace_blocker(job) or ledger.host_blocker(job) or ledger.flavor_blocker(job):
+        return []
+    shortages = list(ledger.shortages(job))
+    if not shortages or any(node is not ROOT or name == "running" for node, name, _ in shortages):
+        return []
+    return [name for _, name, _ in shortages]
+
+
+def _fair(ledger: Ledger, demand: dict[int, dict[str, float]], name: str) -> dict[int, float]:
+    """Each workspace's fair allocation of ``name``: its demand is what it holds and what it
+    has queued, its weight its guarantee (equal weights when nobody is guaranteed any)."""
+    wants = {
+        ws: getattr(usage, name) + demand.get(ws, {}).get(name, 0.0)
+        for ws, usage in ledger.ws.items()
+    }
+    for ws, amounts in demand.items():
+        wants.setdefault(ws, amounts[name])
+    weight = {ws: ledger.guarantee(ws)[name] if ws in ledger.ws_quotas else 0.0 for ws in wants}
+    if not any(weight.values()):
+        weight = dict.fromkeys(wants, 1.0)
+    capacity = getattr(ledger.org_quota, name)
+    return fair_allocation(wants, weight, capacity)
+
+
+def _held(ledger: Ledger, name: str) -> dict[int, float]:
+    return {ws: getattr(usage, name) for ws, usage in ledger.ws.items()}
+
+
+def _share(ledger: Ledger, fair: dict[str, dict[int, float]], workspace_id: int) -> float:
+    """The workspace's largest held ÷ fair over the resources in ``fair`` (∞ with no fair
+    allocation of one it holds)."""
+    shares = [0.0]
+    for name, allocation in fair.items():
+        held = getattr(ledger.ws[workspace_id], name) if workspace_id in ledger.ws else 0.0
+        if workspace_id in allocation:
+            shares.append(held / allocation[workspace_id])
+        elif held > EPSILON:
+            shares.append(math.inf)
+    return max(shares)
+
+
+def _distance(ledger: Ledger, fair: dict[str, dict[int, float]]) -> float:
+    """Σ (held ÷ fair − 1)² over every workspace with a fair allocation, every resource."""
+    return sum(
+        unfairness(_held(ledger, name), allocation, allocation) for name, allocation in fair.items()
+    )
+
+
+def _fair_victims(
+    ledger: Ledger,
+    job: Job,
+    candidates: list[Held],
+    fair: dict[str, dict[int, float]],
+    short: list[str],
+    now: dt.datetime,
+) -> list[Held] | None:
+    """The victims whose release lets ``job`` in (it is short of ``short``) under the rules of
+    :func:`_plan_fair` (``ledger`` is updated as if they left and ``job`` were admitted), or
+    None (then nothing changes)."""
+    ws_id, lacking = job.workspace_id, {name: fair[name] for name in short}
+    ledger.hold(job)
+    claimant_key = ledger.fair_share_path_key(ws_id, now)
+    ledger.hold(job, -1)
+    useful = [
+        held
+        for held in candidates
+        if held.workspace_id != ws_id
+        and held.priority <= job.priority
+        and any(held.requested[name] > 0 for name in short)
+    ]
+    chosen: list[Held] = []
+    while ledger.blocker(job) and useful:
+        shares = {held.workspace_id: _share(ledger, lacking, held.workspace_id) for held in useful}
+        # The workspace most over its fair allocation of what the job lacks gives first;
+        # within it, the order given (lowest priority, then the newest admission).
+        victim = max(useful, key=lambda held: shares[held.workspace_id])
+        if shares[victim.workspace_id] <= 1 + EPSILON:
+            break  # nobody left above their fair allocation
+        useful.remove(victim)
+        ledger.hold(victim, -1)
+        if ledger.fair_share_path_key(victim.workspace_id, now) < claimant_key:
+            ledger.hold(victim)  # the policy would put its workspace first again
+            continue
+        chosen.append(victim)
+    fits = bool(chosen) and not ledger.blocker(job)
+    for held in chosen:
+        ledger.hold(held)
+    if not fits:
+        return None
+    before = _distance(ledger, fair)
+    for held in chosen:
+        ledger.hold(held, -1)
+    ledger.hold(job)
+    if before - _distance(ledger, fair) >= FAIR_GAIN:
+        return chosen
+    ledger.hold(job, -1)
+    for held in chosen:
+        ledger.hold(held)
+    return None
+
+
+def workspace_heads(queued):
+    """Each workspace's next job of ``queued`` (in base order: priority, then time queued):
+    one query, however many workspaces."""
+    rank = Window(
+        RowNumber(),
+        partition_by=[F("workspace_id")],
+        order_by=[F("priority").desc(), F("queued_at").asc(), F("id").asc()],
+    )
+    return queued.annotate(rank=rank).filter(rank=1).select_related("workspace").order_by("id")
+
+
+def queued_demand(queued) -> dict[int, dict[str, float]]:
+    """What each workspace has queued (of ``queued``), per resource: one grouped query."""
+    sums = {name: Sum(f"requested_{name}") for name in RESOURCES}
+    rows = queued.order_by().values("workspace_id").annotate(**sums)
+    return {row.pop("workspace_id"): row for row in rows}

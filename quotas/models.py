@@ -42,6 +42,15 @@ class OrgQuota(models.Model):
     policy = models.CharField(max_length=16, choices=QueuePolicy.choices, default=QueuePolicy.FIFO)
     balanced_max_wait_seconds = models.PositiveIntegerField(default=600)
     preemption = models.BooleanField(default=False)
+    # Under fair_share with preemption: an overdue head kept out by the organisation's capacity
+    # may also preempt workspaces above their fair allocation (jobs/preemption.py).
+    fair_share_preemption = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="fair_share with preemption: a job that waited longer than "
+        "balanced_max_wait_seconds and is kept out only by the capacity may also preempt jobs "
+        "of workspaces above their fair allocation, when that brings the shares closer to fair",
+    )
     # Capacity per GPU flavor, e.g. {"h100": 8, "a100": 16} (quotas/flavors.py); a flavor not
     # named has no cap of its own (``gpu`` still caps them all).
     gpu_flavors = models.JSONField(default=dict, db_default={}, blank=True)

@@ -23,6 +23,7 @@ from .models import (
     BudgetAlert,
     FairShareUsage,
     OrgQuota,
+    QueuePolicy,
     QuotaGroup,
     Reservation,
     WorkspaceQuota,
@@ -36,6 +37,7 @@ ORG_FIELDS = [
     "policy",
     "balanced_max_wait_seconds",
     "preemption",
+    "fair_share_preemption",
     "gpu_flavors",
 ]
 WS_FIELDS = (
@@ -103,6 +105,19 @@ def _check_weight(quota: WorkspaceQuota) -> None:
         )
 
 
+def _check_fair_preemption(quota: OrgQuota) -> None:
+    """Fair-share preemption is a kind of preemption the fair_share policy makes: on without
+    both, it would do nothing, and the organisation would think it does."""
+    if quota.fair_share_preemption and not (
+        quota.preemption and quota.policy == QueuePolicy.FAIR_SHARE
+    ):
+        raise InvalidInput.on(
+            "fair_share_preemption",
+            "needs policy fair_share and preemption true "
+            f"(policy is {quota.policy}, preemption {str(quota.preemption).lower()})",
+        )
+
+
 @transaction.atomic
 def org_quota_update(*, actor: Actor, organization, data: dict[str, Any]) -> OrgQuota:
     quota, _ = OrgQuota.objects.select_for_update().get_or_create(organization=organization)
@@ -120,6 +135,7 @@ def org_quota_update(*, actor: Actor, organization, data: dict[str, Any]) -> Org
         validate=lambda _: (
             _check_consistency(quota, ws_quotas),
             _check_flavors(quota, ws_quotas),
+            _check_fair_preemption(quota),
         ),
         full_clean=False,
         target_repr=f"quota of {organization.slug}",

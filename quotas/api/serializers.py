@@ -102,6 +102,7 @@ class OrgQuotaSerializer(StrictModelSerializer):
             "policy",
             "balanced_max_wait_seconds",
             "preemption",
+            "fair_share_preemption",
             "gpu_flavors",
             "updated_at",
         ]
@@ -306,7 +307,14 @@ class QuotaNodeOutput(serializers.Serializer):
 
 
 class OrgQuotaReplaceInput(_ReplaceKeepsFlavorsOptional, ReplaceMixin, OrgQuotaSerializer):
-    """A PUT body: the whole quota, null where unlimited."""
+    """A PUT body: the whole quota, null where unlimited (fair_share_preemption, newer than
+    the other fields, is false when not given)."""
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["fair_share_preemption"].required = False
+        fields["fair_share_preemption"].default = False
+        return fields
 
 
 class _ReplaceKeepsTreePlace:

@@ -20,7 +20,6 @@ from simulate import (
     _held_options,
     _least_error,
     diagnosis,
-    fair_allocation,
     fairness_report,
     jain,
     jain_bound,
@@ -148,12 +147,6 @@ def test_a_replay_can_bound_jains_index_by_what_whole_jobs_allow():
     assert f"under contention {result.jain:.3f}" in report
     assert set(result.shares) <= {0, 1, 2} and result.shares
     assert simulate(synthetic(SMALL), QueuePolicy.FIFO, slug="no-bound").jain_bound is None
-
-
-def test_fair_allocation_fills_the_satisfied_first_and_splits_the_rest_by_weight():
-    alloc = fair_allocation({1: 2.0, 2: 100.0, 3: 100.0}, {1: 1.0, 2: 1.0, 3: 3.0}, 10.0)
-    assert alloc == pytest.approx({1: 2.0, 2: 2.0, 3: 6.0})
-    assert fair_allocation({1: 0.0}, {1: 1.0}, 10.0) == {}
 
 
 def test_jain_is_one_when_equal_and_one_over_n_when_one_holds_everything():

@@ -25,6 +25,32 @@ def test_org_quota_is_managed_by_org_admins(world):
 
 
 @pytest.mark.parametrize(
+    "body",
+    [
+        {"fair_share_preemption": True},  # fifo, no preemption
+        {"fair_share_preemption": True, "policy": "fair_share"},  # preemption off
+        {"fair_share_preemption": True, "preemption": True, "policy": "round_robin"},
+        {"fair_share_preemption": "yes please"},
+    ],
+)
+def test_fair_share_preemption_needs_fair_share_and_preemption(world, body):
+    client = world.client("owner")
+    before = AuditEvent.objects.count()
+    response = client.patch(ORG_Q, body, format="json")
+    assert response.status_code == 400, response.content
+    assert "fair_share_preemption" in response.json()["errors"], response.json()
+    assert not OrgQuota.objects.filter(fair_share_preemption=True).exists()
+    assert AuditEvent.objects.count() == before
+    both = {"policy": "fair_share", "preemption": True, "fair_share_preemption": True}
+    response = client.patch(ORG_Q, both, format="json")
+    assert response.status_code == 200 and response.json()["fair_share_preemption"] is True
+    # turning preemption off while fair-share preemption is on is refused too
+    response = client.patch(ORG_Q, {"preemption": False}, format="json")
+    assert response.status_code == 400 and "fair_share_preemption" in response.json()["errors"]
+    assert OrgQuota.objects.get().preemption is True
+
+
+@pytest.mark.parametrize(
     ("org", "ws", "field"),
     [
         ({"gpu": 8}, {"guaranteed_gpu": 4, "limit_gpu": 2}, "guaranteed_gpu"),
