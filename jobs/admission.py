@@ -473,6 +473,7 @@ def _admit_locked(
                 reason=preemption.reason(),
                 for_job=preemption.job.pk,
                 grace_seconds=grace,
+                cause=preemption.cause,
             )
             if not leaving:  # every victim stopped at once: the room is free now
                 chosen.append(preemption.job)

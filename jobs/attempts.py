@@ -85,10 +85,17 @@ def attempts_create(
 
 
 def attempts_preempt(
-    job_ids: list[int], *, reason: str, for_job: int, grace_seconds: int = 0
+    job_ids: list[int],
+    *,
+    reason: str,
+    for_job: int,
+    grace_seconds: int = 0,
+    cause: str = "guarantee_reclaimed",
 ) -> list[int]:
-    """Take capacity back from running jobs for a workspace under its guarantee (job
-    ``for_job``), in the caller's (admission) transaction. Returns the ids of the jobs that are
+    """Take capacity back from running jobs for job ``for_job`` (``cause``: its workspace is
+    under its guarantee, ``guarantee_reclaimed``, or below its fair allocation, ``fair_share``;
+    the events' ``data`` and the preemption metric say which), in the caller's (admission)
+    transaction. Returns the ids of the jobs that are
     still leaving (in their grace period); the others are gone when the transaction commits.
 
     A running job, when the organisation gives a grace period, becomes ``preempting``
@@ -116,7 +123,8 @@ def attempts_preempt(
     now = timezone.now()
 
     def data(job: Job, **more: Any) -> dict[str, Any]:
-        return {"attempt": attempts.get(job.pk, (None, None))[1], "preempted_for": for_job, **more}
+        attempt = attempts.get(job.pk, (None, None))[1]
+        return {"attempt": attempt, "preempted_for": for_job, "cause": cause, **more}
 
     if graceful:
         transition(

@@ -52,11 +52,11 @@ def jobs_moved(
             outcome = "preempted" if kind == "preempting" else kind
             outcome = outcome if outcome in ("retry", "preempted") else target
             metrics.RUN_TIME.labels(**labels, outcome=outcome).observe(waited)
-        if kind == "preempting":  # the preemption is decided; the eviction follows the grace
-            metrics.PREEMPTIONS.labels(**labels, reason="guarantee_reclaimed").inc()
-        elif kind == "preempted":
-            if source != S.PREEMPTING:
-                metrics.PREEMPTIONS.labels(**labels, reason="guarantee_reclaimed").inc()
+        # A preemption counts when it is decided: the eviction follows the grace, if any.
+        cause = data_by_job.get(job.pk, {}).get("cause", "guarantee_reclaimed")
+        if kind == "preempting" or (kind == "preempted" and source != S.PREEMPTING):
+            metrics.PREEMPTIONS.labels(**labels, reason=cause).inc()
+        if kind == "preempted":
             metrics.EVICTIONS.labels(**labels, reason="preempted").inc()
         elif kind == "retry":
             metrics.RETRIES.labels(**labels, reason=reason or "unknown").inc()

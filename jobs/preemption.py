@@ -40,6 +40,11 @@ class Preemption:
     victims: list[Held]
     for_fairness: bool = False
 
+    @property
+    def cause(self) -> str:
+        """Why, as the events' data and the preemption metric's ``reason`` label say it."""
+        return "fair_share" if self.for_fairness else "guarantee_reclaimed"
+
     def reason(self) -> str:
         why = (
             "which holds less than its fair share"

@@ -7,6 +7,7 @@ import math
 
 import pytest
 from django.utils import timezone
+from prometheus_client import REGISTRY
 
 from jobs import admission
 from jobs.models import Job, JobEvent
@@ -55,17 +56,24 @@ def hogged(two_workspaces):  # noqa: F811
     return world, spaces, templates, other
 
 
-def test_an_overdue_job_beyond_its_guarantee_preempts_down_to_the_fair_allocations(hogged):
+def test_an_overdue_job_beyond_its_guarantee_preempts_down_to_the_fair_allocations(
+    hogged, django_capture_on_commit_callbacks
+):
     world, spaces, templates, other = hogged
+    counted = {"organization": world.org.slug, "workspace": "other", "reason": "fair_share"}
+    before = REGISTRY.get_sample_value("manta_job_preemptions_total", counted) or 0
     # ml's 4-GPU job is beyond its guarantee of 2, so the guarantee gives it nothing back; its
     # fair allocation is 4 (demand 4 and 8, weights 2 and 2): it holds 0 and other 8 (x 0, 2).
     job = queue_job(world, spaces["ml"], templates["ml"], 4, minutes_ago=30)
-    assert admission.admit(world.org.pk) == [job]
+    with django_capture_on_commit_callbacks(execute=True):
+        assert admission.admit(world.org.pk) == [job]
+    assert REGISTRY.get_sample_value("manta_job_preemptions_total", counted) == before + 2
     # other's two newest admissions go: both workspaces now hold exactly their fair 4
     assert set(preempted()) == {other[3], other[2]}
     assert [state(pk) for pk in other] == ["launching", "launching", "queued", "queued"]
     event = JobEvent.objects.filter(job_id=other[3], kind="preempted").get()
     assert "which holds less than its fair share" in event.reason
+    assert (event.data["preempted_for"], event.data["cause"]) == (job, "fair_share")
     assert Reservation.objects.get(job_id=job, released_at__isnull=True).gpu == 4
     # at the fair allocations, nobody preempts anybody, though other's jobs are overdue now
     Job.objects.filter(pk__in=other[2:]).update(queued_at=timezone.now() - THIRTY_MINUTES)

@@ -66,6 +66,7 @@ def test_owner_under_its_guarantee_preempts_the_borrower(borrowed):
     assert (event.from_state, event.to_state, event.kind) == ("launching", "queued", "preempted")
     assert f"preempted for job {owner_job} of workspace ml" in event.reason
     assert event.data["preempted_for"] == owner_job
+    assert event.data["cause"] == "guarantee_reclaimed"
     [attempt] = JobAttempt.objects.filter(job_id=borrower)
     assert (attempt.state, attempt.failure_reason) == ("preempted", "preempted")
     assert attempt.finished_at is not None
