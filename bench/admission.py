@@ -20,6 +20,7 @@ reservations, moves them to ``launching`` with a timeline event, an audit event 
 each, creates their attempts and sends their launch tasks to Redis.
 
     .venv/bin/python bench/admission.py [--admit 10000] [--shape tree|flat|tree-flavors]
+        [--fair-preemption]
     .venv/bin/python bench/admission.py --versus [--rounds 12]
 
 Prints jobs admitted per second with 10,000 and with 100,000 jobs queued, the cost per admitted
@@ -84,7 +85,7 @@ def tree(org, gpus: bool = False) -> list:
     return [teams[index // per_team] for index in range(WORKSPACES)]
 
 
-def build(queued: int, shape: str = "flat"):
+def build(queued: int, shape: str = "flat", fair_preemption: bool = False):
     from django.utils import timezone
 
     from audit.context import Actor
@@ -99,7 +100,12 @@ def build(queued: int, shape: str = "flat"):
     gpus = shape == "tree-flavors"
     flavored = {"gpu": CAPACITY, "gpu_flavors": dict.fromkeys(FLAVORS, CAPACITY / 2)}
     OrgQuota.objects.create(
-        organization=org, cpu=CAPACITY, policy="fair_share", **(flavored if gpus else {})
+        organization=org,
+        cpu=CAPACITY,
+        policy="fair_share",
+        preemption=fair_preemption,
+        fair_share_preemption=fair_preemption,
+        **(flavored if gpus else {}),
     )
     spec = {
         "image": "rayproject/ray:2.60.0",
@@ -118,7 +124,9 @@ def build(queued: int, shape: str = "flat"):
         )
         template = job_services.template_create(actor=system, workspace=ws, name="t", spec=spec)
         versions.append((ws, template))
-    start = timezone.now()
+    # With fair-share preemption, every job has waited past the limit: each pass looks for
+    # preemptions (and finds none: every workspace holds its fair allocation).
+    start = timezone.now() - timezone.timedelta(hours=1 if fair_preemption else 0)
     resolved = {
         **spec,
         "runtime_env": {},
@@ -168,10 +176,12 @@ def finish(job_ids: list[int]) -> None:
     )
 
 
-def measure(queued: int, to_admit: int, shape: str) -> tuple[float, int]:
+def measure(
+    queued: int, to_admit: int, shape: str, fair_preemption: bool = False
+) -> tuple[float, int]:
     from jobs import admission
 
-    org = build(queued, shape)
+    org = build(queued, shape, fair_preemption)
     elapsed, admitted = 0.0, 0
     while admitted < to_admit:
         started = time.perf_counter()
@@ -219,6 +229,11 @@ def main() -> None:
     parser.add_argument("--shape", choices=["tree", "flat", "tree-flavors"], default="tree")
     parser.add_argument("--versus", action="store_true", help="tree against flat, alternated")
     parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument(
+        "--fair-preemption",
+        action="store_true",
+        help="the organisation preempts for fair shares, and every job is overdue",
+    )
     args = parser.parse_args()
     # The jobs never launch: the host's own capacity (a few CPUs) must not be what binds.
     configure(
@@ -235,7 +250,9 @@ def main() -> None:
         return
     results = {}
     for queued in (10_000, 100_000):
-        elapsed, admitted = measure(queued, min(args.admit, queued), args.shape)
+        elapsed, admitted = measure(
+            queued, min(args.admit, queued), args.shape, args.fair_preemption
+        )
         results[queued] = elapsed / admitted
         print(
             f"{queued:>7,} queued: admitted {admitted:,} in {elapsed:.2f} s "

@@ -236,15 +236,18 @@ def _plan_fair(
     job was preempted 80 times in a replay. With it, a victim's workspace cannot preempt the
     claimant back (its key would have to be below the claimant's, which is below its own).
     Starved workspaces come first; one job per workspace per pass."""
-    demand = queued_demand(queued)
-    heads = [job for job in workspace_heads(queued) if job.queued_at < cutoff] if demand else []
-    if not heads:
-        return []
-    fair = {
-        name: _fair(ledger, demand, name)
+    capped = [
+        name
         for name in RESOURCES
         if ledger.org_quota is not None and getattr(ledger.org_quota, name) is not None
-    }
+    ]
+    if not any(_may_be_over_fair(ledger, name) for name in capped):
+        return []  # nobody can be a victim: the queue is not read
+    if not queued.filter(queued_at__lt=cutoff).exists():
+        return []  # nobody has waited long enough to claim
+    demand = queued_demand(queued)
+    heads = [job for job in workspace_heads(queued) if job.queued_at < cutoff]
+    fair = {name: _fair(ledger, demand, name) for name in capped}
     preemptions: list[Preemption] = []
     for job in sorted(heads, key=lambda job: _share(ledger, fair, job.workspace_id)):
         short = _org_short(ledger, job)
@@ -255,6 +258,24 @@ def _plan_fair(
             preemptions.append(Preemption(job, victims, for_fairness=True))
             candidates.drop(victims)
     return preemptions
+
+
+def _may_be_over_fair(ledger: Ledger, name: str) -> bool:
+    """Whether some workspace may hold more than its fair allocation of ``name``, known from
+    what is held alone: a fair allocation is never less than what the workspace wants or its
+    guarantee's share of the capacity (water filling only raises the level as workspaces are
+    satisfied), so a workspace that holds no more than that share is not above it. One that
+    holds some without a guarantee of it may be."""
+    capacity = getattr(ledger.org_quota, name)
+    total = sum(ledger.guarantee(ws)[name] for ws in ledger.ws_quotas)
+    for ws, usage in list(ledger.ws.items()):
+        held = getattr(usage, name)
+        if held <= EPSILON:
+            continue
+        guaranteed = ledger.guarantee(ws)[name] if ws in ledger.ws_quotas else 0.0
+        if total <= 0 or guaranteed <= 0 or held > capacity * guaranteed / total + EPSILON:
+            return True
+    return False
 
 
 def _org_short(ledger: Ledger, job: Job) -> list[str]:

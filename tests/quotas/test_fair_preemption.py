@@ -6,6 +6,8 @@ import datetime as dt
 import math
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
@@ -150,3 +152,23 @@ def test_no_preemption_the_policys_own_order_would_undo(hogged):
     job = queue_job(world, spaces["ml"], templates["ml"], 4, minutes_ago=30)
     assert admission.admit(world.org.pk) == []
     assert state(job) == "queued" and preempted() == []
+
+
+def test_the_queue_is_not_read_when_nobody_holds_more_than_its_guarantees_share(
+    two_workspaces,  # noqa: F811
+    django_assert_num_queries,
+):
+    world, spaces, templates = two_workspaces
+    guarantee(spaces["ml"], 2)
+    guarantee(spaces["other"], 2)
+    # other holds 4 of 8: its guarantee's share of the capacity, which no fair allocation of
+    # a workspace that wants more is below, so nobody can be a victim
+    setup_quota(world, 8, "fair_share", preemption=True, fair_share_preemption=False)
+    run(world, spaces["other"], templates["other"], 4, minutes_ago=60)
+    queue_job(world, spaces["ml"], templates["ml"], 6, minutes_ago=30)  # 4 are free
+    with CaptureQueriesContext(connection) as off:
+        assert admission.admit(world.org.pk) == []
+    setup_quota(world, 8, "fair_share", preemption=True, fair_share_preemption=True)
+    with django_assert_num_queries(len(off.captured_queries)):
+        assert admission.admit(world.org.pk) == []
+    assert preempted() == []
