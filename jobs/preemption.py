@@ -1,5 +1,7 @@
-"""Who is preempted: giving guarantees back to workspaces under theirs, within the guarantees
-jobs have of their own (a minimum runtime) and without preempting twice for the same need.
+"""Who is preempted: giving guarantees back to workspaces under theirs, and, where the
+organisation asks for it under fair_share, fair allocations to workspaces below theirs
+(:func:`_plan_fair`) — within the guarantees jobs have of their own (a minimum runtime) and
+without preempting twice for the same need.
 
 Admission (``jobs/admission.py``) calls :func:`plan_preemptions` inside its pass, under its
 lock; the arithmetic is ``quotas/ledger.py``'s (:func:`~quotas.ledger.victims_for`). What
