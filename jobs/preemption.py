@@ -274,7 +274,7 @@ def _may_be_over_fair(ledger: Ledger, name: str) -> bool:
         held = getattr(usage, name)
         if held <= EPSILON:
             continue
-        guaranteed = ledger.guarantee(ws)[name] if ws in ledger.ws_quotas else 0.0
+        guaranteed = ledger.guarantee(ws)[name]
         if total <= 0 or guaranteed <= 0 or held > capacity * guaranteed / total + EPSILON:
             return True
     return False
@@ -300,7 +300,7 @@ def _fair(ledger: Ledger, demand: dict[int, dict[str, float]], name: str) -> dic
     }
     for ws, amounts in demand.items():
         wants.setdefault(ws, amounts[name])
-    weight = {ws: ledger.guarantee(ws)[name] if ws in ledger.ws_quotas else 0.0 for ws in wants}
+    weight = {ws: ledger.guarantee(ws)[name] for ws in wants}  # 0 without a quota row
     if not any(weight.values()):
         weight = dict.fromkeys(wants, 1.0)
     capacity = getattr(ledger.org_quota, name)
@@ -355,7 +355,7 @@ def _fair_victims(
     ]
     chosen: list[Held] = []
     while ledger.blocker(job) and useful:
-        shares = {held.workspace_id: _share(ledger, lacking, held.workspace_id) for held in useful}
+        shares = {ws: _share(ledger, lacking, ws) for ws in {held.workspace_id for held in useful}}
         # The workspace most over its fair allocation of what the job lacks gives first;
         # within it, the order given (lowest priority, then the newest admission).
         victim = max(useful, key=lambda held: shares[held.workspace_id])

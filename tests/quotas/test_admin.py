@@ -194,3 +194,27 @@ def test_quota_groups_are_listed_added_edited_and_deleted_through_the_service(wo
     admin.post(f"{url.removesuffix('change/')}delete/", {"post": "yes"})
     assert not QuotaGroup.objects.filter(pk=vision.pk).exists()
     assert AuditEvent.objects.filter(action="quota_group.delete").count() == 1
+
+
+def test_fair_share_preemption_is_a_box_on_the_quota_page_with_the_services_rule(world, quotas):
+    owner = login("owner@acme.test")
+    url = f"{ORG_QUOTAS}{quotas['acme'].pk}/change/"
+    events = AuditEvent.objects.count()
+    # ticked under fifo without preemption: the service refuses it, the page says why
+    refused = submit(owner, url, fair_share_preemption="on")
+    assert refused.status_code == 302
+    shown = messages_of(owner.get(url))
+    assert any("fair_share_preemption" in m and "needs policy fair_share" in m for m in shown)
+    assert OrgQuota.objects.get(pk=quotas["acme"].pk).fair_share_preemption is False
+    assert AuditEvent.objects.count() == events
+    both = submit(owner, url, policy="fair_share", preemption="on", fair_share_preemption="on")
+    assert both.status_code == 302
+    quota = OrgQuota.objects.get(pk=quotas["acme"].pk)
+    assert (quota.policy, quota.preemption, quota.fair_share_preemption) == (
+        "fair_share",
+        True,
+        True,
+    )
+    # unticking preemption alone leaves fair-share preemption with nothing to do: refused
+    assert submit(owner, url, preemption=None).status_code == 302
+    assert OrgQuota.objects.get(pk=quotas["acme"].pk).preemption is True

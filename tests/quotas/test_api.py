@@ -31,6 +31,9 @@ def test_org_quota_is_managed_by_org_admins(world):
         {"fair_share_preemption": True, "policy": "fair_share"},  # preemption off
         {"fair_share_preemption": True, "preemption": True, "policy": "round_robin"},
         {"fair_share_preemption": "yes please"},
+        {"fair_share_preemption": None},
+        {"fair_share_preemption": "true\u0000"},
+        {"fair_share_preemption": {"on": True}},
     ],
 )
 def test_fair_share_preemption_needs_fair_share_and_preemption(world, body):
