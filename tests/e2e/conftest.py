@@ -3,6 +3,7 @@ PostgreSQL database, launching real local Ray clusters."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -105,8 +106,19 @@ class Worker:
 def ray_work_dir():
     path = tempfile.mkdtemp(prefix="mray-", dir="/tmp")
     yield path
-    leftovers = cluster_processes(path)
-    assert not leftovers, f"Ray processes left running after the tests: {leftovers}"
+    leftovers = {pid: _cmdline(pid) for pid in cluster_processes(path)}
+    for pid in leftovers:  # they would hold the next module's CPUs
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    dirs = {p.name: sorted(c.name for c in p.iterdir()) for p in Path(path).iterdir() if p.is_dir()}
+    assert not leftovers, f"Ray processes left running after the tests: {leftovers}; {dirs}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:160].decode()
+    except OSError:
+        return "(gone)"
 
 
 def start_worker(

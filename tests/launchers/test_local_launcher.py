@@ -37,6 +37,7 @@ from jobs.launchers.base import (
     launch,
 )
 from jobs.launchers.local import LocalRayLauncher, discover_handles, ports
+from jobs.launchers.local.handles import read_handle, write_handle
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT = 90
@@ -211,6 +212,27 @@ def stop_later(launcher: LocalRayLauncher) -> Iterator[list[dict[str, Any]]]:
 
 
 # -- no Ray needed ---------------------------------------------------------------------------------
+
+
+def test_a_writer_killed_while_rewriting_the_handle_leaves_a_whole_one(tmp_path: Path) -> None:
+    """The launcher rewrites handle.json after each node starts; a worker SIGKILLed during a
+    rewrite must leave a handle the orphan sweeps can read, or its running cluster is lost."""
+    handle = {"kind": "local", "temp_dir": str(tmp_path), "nodes": [], "pad": "x" * 400_000}
+    write_handle(handle)
+    for kill_after in (0.01, 0.03, 0.05, 0.08, 0.13, 0.21):
+        pid = os.fork()
+        if pid == 0:  # the writer: rewrites until it is killed
+            try:
+                while True:
+                    handle["nodes"].append({"name": "w"})
+                    write_handle(handle)
+            finally:
+                os._exit(1)
+        time.sleep(kill_after)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        found = read_handle(str(tmp_path))
+        assert found is not None and found["pad"] == handle["pad"], kill_after
 
 
 def test_plan_lists_every_node_and_the_submission() -> None:

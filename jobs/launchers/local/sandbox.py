@@ -88,10 +88,15 @@ class Sandbox:
         nodes: list[dict[str, Any]],
         object_store_bytes: dict[str, int],
         track: Callable[[subprocess.Popen[bytes]], None],
+        save: Callable[[dict[str, Any]], None] = lambda state: None,
     ) -> Sandbox:
         """Allocate a uid, GPUs and cgroups for ``nodes`` (each with ``name``, ``num_cpus``,
         ``num_gpus``, ``memory_bytes``), start the init and, with egress, slirp4netns. The
-        cluster's writable dir is ``<cluster_dir>/s``, owned by the sandbox uid."""
+        cluster's writable dir is ``<cluster_dir>/s``, owned by the sandbox uid.
+
+        ``save`` is given the state after each thing is taken, so that a caller killed midway
+        has recorded what :meth:`destroy` must free (the cgroups come before any process, so
+        that every process started later is found through them)."""
         owner = os.path.abspath(cluster_dir)  # the leases' owner: gone with the cluster
         leases = Leases(settings.lease_dir)
         state: dict[str, Any] = {
@@ -105,10 +110,12 @@ class Sandbox:
         try:
             uid = take_uid(leases, settings, owner)
             state.update(uid=uid, gid=uid)
+            save(state)
             for node in nodes:
                 state["gpus"][node["name"]] = take_gpus(
                     leases, _inventory_for(settings, node), node["num_gpus"], owner
                 )
+                save(state)
             limits = sandbox_limits(settings, nodes, object_store_bytes)
             writable = os.path.join(cluster_dir, "s")
             os.mkdir(writable, 0o700)
@@ -121,6 +128,7 @@ class Sandbox:
                 inodes=limits["inodes"],
                 owner=uid,
             )
+            save(state)
             sandbox.cgroups = Cgroups.create(
                 settings.cgroup_root,
                 f"{os.path.basename(cluster_dir)}-{secrets.token_hex(3)}",
@@ -130,8 +138,11 @@ class Sandbox:
             )
             state["cgroups"] = sandbox.cgroups.state
             state["limits"] = limits
+            save(state)
             exit_r = sandbox._start_init(settings, cluster_dir, hostname, track)
+            save(state)
             sandbox._start_egress(settings, track, exit_r)
+            save(state)
         except BaseException:
             sandbox.destroy()
             raise

@@ -95,8 +95,14 @@ def start_cluster_once(
         started = time.monotonic()
         deadline = started + timeout
         sandbox = None
+        write_handle(handle)  # from here on, a caller killed at any point leaves it findable
         if sandboxed:
             nodes, stores = sandbox_nodes(settings, nodes, object_store_bytes)
+
+            def save(state: dict[str, Any]) -> None:
+                handle["sandbox"] = state
+                write_handle(handle)
+
             sandbox = Sandbox.create(
                 settings=settings,
                 work_dir=base_dir,
@@ -105,6 +111,7 @@ def start_cluster_once(
                 nodes=nodes,
                 object_store_bytes=stores,
                 track=track,
+                save=save,
             )
             handle["sandbox"] = sandbox.to_json()
             handle["isolation"] = sandbox.summary()
