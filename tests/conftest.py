@@ -4,6 +4,7 @@ that authenticate with real tokens."""
 from __future__ import annotations
 
 import dataclasses
+import signal
 
 import pytest
 from django.db import transaction
@@ -104,3 +105,10 @@ def package_storage(tmp_path, settings):
         },
     }
     return tmp_path / "packages"
+
+
+def sigint_as_in_a_terminal() -> None:
+    """``preexec_fn`` for a process a test presses Ctrl-C in: SIGINT acts as it does at a
+    terminal, also when the test run was started with SIGINT ignored (a background job of a
+    non-interactive shell passes that on, and Python then installs no handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

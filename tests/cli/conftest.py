@@ -23,7 +23,7 @@ from manta import Client
 from manta.cli import app
 from typer.testing import CliRunner, Result
 
-from tests.conftest import World, build_world
+from tests.conftest import World, build_world, sigint_as_in_a_terminal
 from tests.factories import JobTemplateFactory
 
 ENV_NAMES = ("MANTA_URL", "MANTA_TOKEN", "MANTA_ORG", "MANTA_WORKSPACE")
@@ -109,8 +109,9 @@ class CliProcess:
 
     def __init__(self, argv: list[str], env: dict[str, str]):
         self.proc = subprocess.Popen(
-            argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
+            argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            preexec_fn=sigint_as_in_a_terminal,
+        )  # fmt: skip
         self._out = {"stdout": bytearray(), "stderr": bytearray()}
         self._readers = [
             threading.Thread(target=self._read, args=(name, stream), daemon=True)

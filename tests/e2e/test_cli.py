@@ -15,7 +15,7 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 from audit.context import Actor
 from jobs.models import Job, JobAttempt
-from tests.conftest import PASSWORD, build_world
+from tests.conftest import PASSWORD, build_world, sigint_as_in_a_terminal
 from tests.e2e.conftest import ROOT
 from tests.e2e.servers import Api
 from workspaces import services as ws_services
@@ -141,6 +141,7 @@ def test_ctrl_c_offers_to_cancel_the_job(cli, manta_bin, ray_work_dir):
     proc = subprocess.Popen(
         [str(manta_bin), *submit_args(code)], env=env, stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=sigint_as_in_a_terminal,
     )  # fmt: skip
     deadline = time.monotonic() + 120
     for line in proc.stdout:
