@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,8 @@ import pytest
 import redis
 from django.conf import settings
 from django.db import connection
+
+from jobs.launchers.local import LocalRayLauncher, discover_handles
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,10 +110,14 @@ def ray_work_dir():
     path = tempfile.mkdtemp(prefix="mray-", dir="/tmp")
     yield path
     leftovers = {pid: _cmdline(pid) for pid in cluster_processes(path)}
-    for pid in leftovers:  # they would hold the next module's CPUs
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
     dirs = {p.name: sorted(c.name for c in p.iterdir()) for p in Path(path).iterdir() if p.is_dir()}
+    if leftovers:  # stopped whole (sandbox, cgroups, disk): they would hold the next module's CPUs
+        for handle in discover_handles(path):
+            LocalRayLauncher().stop(handle)
+        for pid in cluster_processes(path):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(path, ignore_errors=True)
     assert not leftovers, f"Ray processes left running after the tests: {leftovers}; {dirs}"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ from jobs.launchers.local import LocalRayLauncher
 from jobs.launchers.local.cgroups import Cgroups
 from jobs.launchers.local.isolation import SandboxSettings
 from jobs.launchers.local.leases import Leases, take_gpus
+from jobs.launchers.local.sandbox import Sandbox
 from jobs.launchers.local.startup import listening_in
 from tests.launchers.test_local_launcher import spec
 
@@ -183,6 +185,33 @@ def test_a_host_that_cannot_isolate_refuses_to_launch(work_dir: str) -> None:
     with pytest.raises(LaunchError, match="MANTA_LOCAL_ISOLATION=off"):
         launch(LocalRayLauncher(), req)
     assert not [n for n in os.listdir(work_dir) if n.startswith("mr-")]
+
+
+def test_a_launch_killed_while_its_sandbox_is_built_leaves_it_findable_and_stoppable(
+    work_dir: str,
+) -> None:
+    """A worker SIGKILLed after the sandbox's cgroups and init exist but before any node
+    starts: the cluster's handle already names them, so the sweeps find the cluster and
+    stopping it ends the init and removes the cgroups and the dir."""
+    req = request(work_dir, "killed-mid-sandbox", spec("true"))
+    pid = os.fork()
+    if pid == 0:  # the launch, killed right after the sandbox's init has started
+        try:
+            Sandbox._start_egress = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+            LocalRayLauncher().start_cluster(req)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    [handle] = LocalRayLauncher().find_started(req)
+    sandbox = Sandbox(handle["sandbox"])
+    assert sandbox.init_alive() and sandbox.state["cgroups"]["dirs"]
+    assert not handle["nodes"]
+    LocalRayLauncher().stop(handle)
+    assert not sandbox.init_alive()
+    assert not [d for d in sandbox.state["cgroups"]["dirs"] if os.path.exists(d)]
+    assert not os.path.exists(handle["temp_dir"])
+    assert LocalRayLauncher().find_started(req) == []
 
 
 def test_plan_says_what_the_sandbox_enforces() -> None:
