@@ -331,3 +331,33 @@ def test_a_flavored_node_is_planned_and_leased_only_devices_of_its_flavor(tmp_pa
     assert _inventory_for(settings, {"num_gpus": 1}) == ("4",)  # untyped: the untyped devices
     with pytest.raises(LaunchError, match="no GPU flavor l4"):
         _inventory_for(settings, {"num_gpus": 1, "gpu_flavor": "l4"})
+
+
+def test_a_lease_taker_killed_at_any_moment_leaves_no_lease_that_names_nobody(tmp_path) -> None:
+    """A lease that names no owner is never stale, so its GPU would be lost for good: a taker
+    SIGKILLed while it takes one leaves no lease or a whole one."""
+    leases, owner = Leases(str(tmp_path)), "/nonexistent/mr-owner"
+    for kill_after in (0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.13, 0.21):
+        pid = os.fork()
+        if pid == 0:  # takes and gives back one GPU until it is killed
+            try:
+                while True:
+                    leases.take("gpu", "0", owner)
+                    leases.release("gpu", "0", owner)
+            finally:
+                os._exit(1)
+        time.sleep(kill_after)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        for gpu in leases.held("gpu"):
+            assert (tmp_path / f"gpu-{gpu}").read_text() == owner, kill_after
+    # What an older taker left (a lease with no owner yet) is dropped once it is a minute old,
+    # and so is what a killed taker wrote aside; nothing younger is.
+    long_ago = time.time() - 120
+    for name in ("gpu-7", ".partial-x"):
+        (tmp_path / name).write_text("")
+        os.utime(tmp_path / name, (long_ago, long_ago))
+    (tmp_path / "gpu-8").write_text("")
+    leases.drop_stale("gpu")
+    assert leases.held("gpu") <= {"0", "8"} and "8" in leases.held("gpu")
+    assert not (tmp_path / ".partial-x").exists()

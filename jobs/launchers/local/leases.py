@@ -13,10 +13,15 @@ import fcntl
 import os
 import pwd
 import random
+import tempfile
+import time
 from collections.abc import Iterator
 
 from ..base import LaunchError
 from .isolation import SandboxSettings
+
+PARTIAL_PREFIX = ".partial-"  # a lease being written; never one of held()'s
+ORPHAN_SECONDS = 60.0
 
 
 class Leases:
@@ -41,26 +46,42 @@ class Leases:
         return {n.split("-", 1)[1] for n in os.listdir(self.dir) if n.startswith(f"{kind}-")}
 
     def take(self, kind: str, key: str, owner: str) -> bool:
+        """Take the lease unless it is held. The lease appears with its owner in it (written
+        aside, then hard-linked into place, which fails if it exists): a taker killed midway
+        leaves no lease, or a whole one, never one that names nobody and so is never stale."""
+        fd, partial = tempfile.mkstemp(dir=self.dir, prefix=PARTIAL_PREFIX)
         try:
-            fd = os.open(
-                os.path.join(self.dir, f"{kind}-{key}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
-            )
+            with os.fdopen(fd, "w") as f:
+                f.write(owner)
+            os.link(partial, os.path.join(self.dir, f"{kind}-{key}"))
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as f:
-            f.write(owner)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
         return True
 
     def drop_stale(self, kind: str) -> None:
         """Drop the leases whose owner, a cluster's directory, is gone: a cluster keeps its
         directory from before it takes a lease until after it gives them back, so a lease
-        without one was left by a worker that died mid-teardown (or a host that rebooted)."""
+        without one was left by a worker that died mid-teardown (or a host that rebooted).
+        Also a lease that names no owner a minute after it was made (a taker of an earlier
+        release, which wrote the owner after creating the file, died between the two), and
+        what a killed taker left aside."""
+        old = time.time() - ORPHAN_SECONDS
         for key in self.held(kind):
             path = os.path.join(self.dir, f"{kind}-{key}")
             with contextlib.suppress(OSError):
                 with open(path) as f:
                     owner = f.read()
-                if owner.startswith("/") and not os.path.exists(owner):
+                if (owner.startswith("/") and not os.path.exists(owner)) or (
+                    not owner and os.stat(path).st_mtime < old
+                ):
+                    os.unlink(path)
+        for name in os.listdir(self.dir):
+            path = os.path.join(self.dir, name)
+            with contextlib.suppress(OSError):
+                if name.startswith(PARTIAL_PREFIX) and os.stat(path).st_mtime < old:
                     os.unlink(path)
 
     def release(self, kind: str, key: str, owner: str) -> None:
