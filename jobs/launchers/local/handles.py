@@ -4,12 +4,12 @@ which a cluster whose caller died before storing the handle is found again."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import tempfile
 from typing import Any
 
+from .files import write_whole
 from .sandbox import Sandbox
 
 KIND = "local"
@@ -20,17 +20,8 @@ HANDLE_FILE = "handle.json"
 def write_handle(handle: dict[str, Any]) -> None:
     """Write the handle into its cluster's dir, replacing what was there in one step: a
     caller killed mid-write leaves the previous handle, never a truncated one (which would
-    hide a running cluster from the sweeps that stop orphans)."""
-    path = os.path.join(handle["temp_dir"], HANDLE_FILE)
-    fd, partial = tempfile.mkstemp(dir=handle["temp_dir"], prefix=".handle-")  # mode 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(handle, f)
-        os.replace(partial, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(partial)
-        raise
+    hide a running cluster from the sweeps that stop orphans). Mode 0600: it holds the token."""
+    write_whole(os.path.join(handle["temp_dir"], HANDLE_FILE), json.dumps(handle))
 
 
 def read_handle(cluster_dir: str) -> dict[str, Any] | None:

@@ -13,14 +13,13 @@ import fcntl
 import os
 import pwd
 import random
-import tempfile
 import time
 from collections.abc import Iterator
 
 from ..base import LaunchError
+from .files import PARTIAL_PREFIX, write_whole
 from .isolation import SandboxSettings
 
-PARTIAL_PREFIX = ".partial-"  # a lease being written; never one of held()'s
 ORPHAN_SECONDS = 60.0
 
 
@@ -46,42 +45,33 @@ class Leases:
         return {n.split("-", 1)[1] for n in os.listdir(self.dir) if n.startswith(f"{kind}-")}
 
     def take(self, kind: str, key: str, owner: str) -> bool:
-        """Take the lease unless it is held. The lease appears with its owner in it (written
-        aside, then hard-linked into place, which fails if it exists): a taker killed midway
-        leaves no lease, or a whole one, never one that names nobody and so is never stale."""
-        fd, partial = tempfile.mkstemp(dir=self.dir, prefix=PARTIAL_PREFIX)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(owner)
-            os.link(partial, os.path.join(self.dir, f"{kind}-{key}"))
-        except FileExistsError:
-            return False
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(partial)
-        return True
+        """Take the lease unless it is held. It appears with its owner in it
+        (:func:`~.files.write_whole`): a taker killed midway leaves no lease or a whole one,
+        never one that names nobody and so is never stale."""
+        return write_whole(os.path.join(self.dir, f"{kind}-{key}"), owner, exclusive=True)
 
     def drop_stale(self, kind: str) -> None:
         """Drop the leases whose owner, a cluster's directory, is gone: a cluster keeps its
         directory from before it takes a lease until after it gives them back, so a lease
         without one was left by a worker that died mid-teardown (or a host that rebooted).
-        Also a lease that names no owner a minute after it was made (a taker of an earlier
-        release, which wrote the owner after creating the file, died between the two), and
-        what a killed taker left aside."""
+        Also, once a minute old, a lease that names no owner (a taker of an earlier release,
+        which wrote the owner after creating the file, died between the two) and what a killed
+        taker left aside."""
         old = time.time() - ORPHAN_SECONDS
-        for key in self.held(kind):
-            path = os.path.join(self.dir, f"{kind}-{key}")
+        for name in os.listdir(self.dir):
+            path = os.path.join(self.dir, name)
             with contextlib.suppress(OSError):
+                if name.startswith(PARTIAL_PREFIX):
+                    if os.stat(path).st_mtime < old:
+                        os.unlink(path)
+                    continue
+                if not name.startswith(f"{kind}-"):
+                    continue
                 with open(path) as f:
                     owner = f.read()
                 if (owner.startswith("/") and not os.path.exists(owner)) or (
                     not owner and os.stat(path).st_mtime < old
                 ):
-                    os.unlink(path)
-        for name in os.listdir(self.dir):
-            path = os.path.join(self.dir, name)
-            with contextlib.suppress(OSError):
-                if name.startswith(PARTIAL_PREFIX) and os.stat(path).st_mtime < old:
                     os.unlink(path)
 
     def release(self, kind: str, key: str, owner: str) -> None:
