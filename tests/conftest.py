@@ -22,6 +22,20 @@ from tests.factories import (
 )
 from workspaces.models import Organization, User, Workspace
 
+# What `make test` runs on its own, after the rest has run in two processes: whatever starts Ray
+# clusters, Celery workers or sandboxes on this host (marked ray or e2e, and every launcher test:
+# cgroups, nftables, loop devices and leases are the host's, not a test database's).
+ALONE = ("ray", "e2e")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by mark
+def pytest_collection_modifyitems(config, items):
+    launchers = config.rootpath / "tests" / "launchers"
+    for item in items:
+        if item.path.is_relative_to(launchers) or any(item.get_closest_marker(m) for m in ALONE):
+            item.add_marker(pytest.mark.alone)
+
+
 __all__ = ["PASSWORD", "SYSTEM", "World", "build_world"]
 
 

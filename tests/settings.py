@@ -1,6 +1,7 @@
 """Test settings: the real PostgreSQL and Redis on localhost, never the embedded SQLite."""
 
 import os
+import urllib.parse
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
@@ -21,8 +22,26 @@ os.environ.setdefault("MANTA_THROTTLE_SUBMIT_USER", "100000/s")
 os.environ.setdefault("MANTA_THROTTLE_SUBMIT_WORKSPACE", "100000/s")
 os.environ.setdefault("MANTA_THROTTLE_PACKAGE_UPLOAD", "100000/s")
 
-from config.settings import *  # noqa: F403
-from config.settings import DATABASES
+
+def _split_for_xdist() -> None:
+    """`make test` runs the tests that start no cluster in two pytest-xdist processes: each gets
+    its own Redis database (broker and cache), var dir and Ray dir, as pytest-django gives each
+    its own PostgreSQL database. Applied once: a server a test starts inherits the result."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", …
+    if not worker or os.environ.get("MANTA_TESTS_SPLIT") == worker:
+        return
+    os.environ["MANTA_TESTS_SPLIT"] = worker
+    for name in ("MANTA_VAR_DIR", "MANTA_LOCAL_RAY_DIR"):
+        os.environ[name] = f"{os.environ[name]}-{worker}"
+    broker = urllib.parse.urlsplit(os.environ["CELERY_BROKER_URL"])
+    db = (int(broker.path.strip("/") or 0) - int(worker.removeprefix("gw"))) % 16
+    os.environ["CELERY_BROKER_URL"] = broker._replace(path=f"/{db}").geturl()
+
+
+_split_for_xdist()
+
+from config.settings import *  # noqa: E402, F403
+from config.settings import DATABASES  # noqa: E402
 
 # The audit table refuses TRUNCATE unless this session setting is on; the test runner flushes
 # the database between transactional tests, so its connections turn it on. Tests that prove the

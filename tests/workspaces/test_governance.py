@@ -103,7 +103,7 @@ WRITES = [
 ]
 
 
-@pytest.mark.parametrize(("method", "path", "body"), WRITES, ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize(("method", "path", "body"), WRITES, ids=[f"{m} {p}" for m, p, _ in WRITES])
 def test_an_archived_workspace_is_read_only(world, archived, method, path, body):
     before = row_counts()
     url = WS + path.format(**archived)
