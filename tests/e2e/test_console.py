@@ -435,3 +435,33 @@ def test_api_docs_list_every_operation_with_no_network(console, browser):
     shoot(page, "api-docs")
     context.close()
     assert not refused, refused  # nothing outside this host was even asked for
+
+
+def test_an_org_admin_turns_on_fair_share_preemption_on_the_quota_page(console, browser):
+    """The quota page's box in a real browser: ticked alone, the services' rule refuses it and
+    the page says why; with the policy and preemption it needs, it is saved. Last in the module:
+    it leaves the organisation under fair_share."""
+    page = log_in(browser, console)
+    page.goto(f"{console.api.base}/admin/quotas/orgquota/")
+    page.click("#result_list tbody th a")  # Acme's quota, the one its admin sees
+    page.check("#id_fair_share_preemption")
+    page.click("input[name=_save]")
+    page.wait_for_selector(".messagelist li")
+    shown = page.text_content(".messagelist").lower()
+    assert "fair_share_preemption" in shown and "needs policy fair_share" in shown, shown
+    quota = console.get("owner", f"{ORG}quota/")
+    assert (quota["policy"], quota["fair_share_preemption"]) == ("fifo", False), quota
+
+    page.select_option("#id_policy", "fair_share")
+    page.check("#id_preemption")
+    page.check("#id_fair_share_preemption")
+    page.click("input[name=_save]")
+    page.wait_for_selector(".messagelist .success")
+    shoot(page, "quota-fair-share-preemption")
+    page.context.close()
+    quota = console.get("owner", f"{ORG}quota/")
+    assert (quota["policy"], quota["preemption"], quota["fair_share_preemption"]) == (
+        "fair_share",
+        True,
+        True,
+    ), quota
