@@ -439,8 +439,8 @@ def test_api_docs_list_every_operation_with_no_network(console, browser):
 
 def test_an_org_admin_turns_on_fair_share_preemption_on_the_quota_page(console, browser):
     """The quota page's box in a real browser: ticked alone, the services' rule refuses it and
-    the page says why; with the policy and preemption it needs, it is saved. Last in the module:
-    it leaves the organisation under fair_share."""
+    the page says why; with the policy and preemption it needs, it is saved. The organisation's
+    queue is put back as it was for the module's other tests."""
     page = log_in(browser, console)
     page.goto(f"{console.api.base}/admin/quotas/orgquota/")
     page.click("#result_list tbody th a")  # Acme's quota, the one its admin sees
@@ -465,3 +465,6 @@ def test_an_org_admin_turns_on_fair_share_preemption_on_the_quota_page(console, 
         True,
         True,
     ), quota
+    back = {"policy": "fifo", "preemption": False, "fair_share_preemption": False}
+    restored = console.api.call(console.world.tokens["owner"], "PATCH", f"{ORG}quota/", back)
+    assert restored.status_code == 200, restored.text
