@@ -2,6 +2,7 @@
 
 from django.db.models import F, FilteredRelation, Q, QuerySet, Value
 
+from config.prepared import PreparedRead
 from packages.models import CodePackage
 
 from .local_host import TARGET_JOIN, TARGET_READ
@@ -23,6 +24,22 @@ def templates_with_latest(workspace) -> QuerySet[JobTemplate]:
     (``services.latest_version`` finds it there): what a submission needs of a template."""
     latest = FilteredRelation("versions", condition=Q(versions__version=F("latest_version")))
     return templates_of(workspace).annotate(**{LATEST_JOIN: latest}).select_related(LATEST_JOIN)
+
+
+# A submission's template with its latest version, compiled once per connection
+# (config/prepared.py): every job POST reads it.
+_SUBMITTED_TEMPLATE = PreparedRead(
+    lambda workspace_id, template_id: (
+        templates_with_latest(workspace_id).filter(pk=template_id).order_by("pk")[:1]
+    ),
+    int,
+    int,
+)
+
+
+def template_for_submission(workspace, template_id: int) -> JobTemplate | None:
+    """The workspace's (unarchived) template ``template_id`` with its latest version, or None."""
+    return _SUBMITTED_TEMPLATE.first(workspace.pk, template_id)
 
 
 def submission_workspaces(queryset):

@@ -15,6 +15,7 @@ from django.utils import timezone
 from audit import services as audit
 from audit.context import Actor
 from config.errors import InvalidInput
+from config.prepared import PreparedRead
 
 from . import selectors
 from .models import EMAIL_CATEGORIES, ApiToken, OrgRole, User
@@ -118,13 +119,21 @@ def token_revoke(*, actor: Actor, token: ApiToken) -> ApiToken:
 
 LAST_USED_RESOLUTION = dt.timedelta(seconds=60)
 
+# Every authenticated request reads its token: compiled once per connection (config/prepared.py).
+_TOKEN_BY_HASH = PreparedRead(
+    lambda key_hash: (
+        ApiToken.objects.select_related("user").filter(key_hash=key_hash).order_by("pk")[:1]
+    ),
+    str,
+)
+
 
 def token_authenticate(secret: str) -> ApiToken | None:
     """The usable token for ``secret``, or None. Marks it used (at most once a minute, so a busy
     client does not turn every read into a write)."""
     if not secret.startswith(TOKEN_PREFIX):
         return None
-    token = ApiToken.objects.select_related("user").filter(key_hash=token_hash(secret)).first()
+    token = _TOKEN_BY_HASH.first(token_hash(secret))
     now = timezone.now()
     if token is None or not token.is_usable(now) or not token.user.is_active:
         return None

@@ -6,6 +6,8 @@ from django.contrib.contenttypes.models import ContentType
 from django.db.models import QuerySet
 from guardian.models import GroupObjectPermission
 
+from config.prepared import PreparedRead
+
 from .models import (
     EMAIL_CATEGORIES,
     ApiToken,
@@ -27,12 +29,28 @@ def orgs_visible_to(user: User) -> QuerySet[Organization]:
     return Organization.objects.filter(memberships__user=user).order_by("id")
 
 
-def org_membership(user: User, org_slug: str) -> OrgMembership | None:
-    return (
+# The reads every tenant request makes, compiled once per connection (config/prepared.py).
+_MEMBERSHIP = PreparedRead(
+    lambda user_id, org_slug: (
         OrgMembership.objects.select_related("organization")
-        .filter(user=user, organization__slug=org_slug)
-        .first()
-    )
+        .filter(user_id=user_id, organization__slug=org_slug)
+        .order_by("pk")[:1]
+    ),
+    int,
+    str,
+)
+_GROUP_CODENAMES = PreparedRead(
+    lambda user_id, content_type_id, object_pk: GroupObjectPermission.objects.filter(
+        group__user=user_id, content_type_id=content_type_id, object_pk=object_pk
+    ).values_list("permission__codename", flat=True),
+    int,
+    int,
+    str,
+)
+
+
+def org_membership(user: User, org_slug: str) -> OrgMembership | None:
+    return _MEMBERSHIP.first(user.pk, org_slug)
 
 
 def org_permissions(membership: OrgMembership) -> frozenset[str]:
@@ -46,11 +64,9 @@ def workspace_permissions(
     those of the guardian groups the user is in for this workspace (one indexed query)."""
     if membership.role in ORG_ROLES_ADMINISTERING_WORKSPACES:
         return frozenset(CODENAMES)
-    codenames = GroupObjectPermission.objects.filter(
-        group__user=user,
-        content_type=ContentType.objects.get_for_model(Workspace),
-        object_pk=str(workspace.pk),
-    ).values_list("permission__codename", flat=True)
+    codenames = _GROUP_CODENAMES.rows(
+        user.pk, ContentType.objects.get_for_model(Workspace).pk, str(workspace.pk)
+    )
     return frozenset(PERMISSION_BY_CODENAME[c] for c in codenames if c in PERMISSION_BY_CODENAME)
 
 

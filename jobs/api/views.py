@@ -219,8 +219,7 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
         values = data.validated_data
         template = None
         if "template" in values:
-            templates = selectors.templates_with_latest(self.workspace)
-            template = templates.filter(pk=values["template"]).first()
+            template = selectors.template_for_submission(self.workspace, values["template"])
             if template is None:
                 missing = {"template": ["no such template in this workspace"]}
                 raise exceptions.ValidationError(missing)

@@ -25,6 +25,7 @@ from rest_framework.permissions import SAFE_METHODS
 
 from audit.context import Actor
 from config import strict
+from config.prepared import PreparedRead
 from workspaces import roles, selectors
 from workspaces.archive import require_active
 from workspaces.models import Organization, OrgMembership, Workspace
@@ -175,6 +176,10 @@ class TenantViewSetMixin:
         return Actor.from_request(self.request)
 
 
+# Each workspace view's read of its workspace, by view class and action.
+_WORKSPACE_READS: dict[tuple, PreparedRead] = {}
+
+
 class WorkspaceViewSetMixin(TenantViewSetMixin):
     """Workspace-scoped: also resolves ``ws``; a workspace without any permission there is 404."""
 
@@ -183,16 +188,28 @@ class WorkspaceViewSetMixin(TenantViewSetMixin):
 
     def workspace_queryset(self) -> QuerySet[Workspace]:
         """Where the URL's workspace is read from, before the tenant filter: a view whose action
-        needs rows hanging off the workspace may join them here, in the same statement."""
+        needs rows hanging off the workspace may join them here, in the same statement. It may
+        depend on the view's class and action, nothing else: it is compiled once per class and
+        action (:meth:`workspace_read`)."""
         return Workspace.objects.select_related("organization")
+
+    def workspace_read(self) -> PreparedRead:
+        """The URL's workspace by organisation id and slug: every workspace request makes this
+        read, compiled once per connection (config/prepared.py)."""
+        key = (type(self), getattr(self, "action", None))
+        read = _WORKSPACE_READS.get(key)
+        if read is None:
+            workspaces = self.workspace_queryset()
+
+            def by_slug(org_id: int, slug: str) -> QuerySet[Workspace]:
+                return workspaces.filter(organization_id=org_id, slug=slug).order_by("pk")[:1]
+
+            read = _WORKSPACE_READS[key] = PreparedRead(by_slug, int, str)
+        return read
 
     def resolve_tenant(self, request, kwargs: dict[str, Any]) -> None:
         super().resolve_tenant(request, kwargs)
-        workspace = (
-            self.workspace_queryset()
-            .filter(organization=self.organization, slug=kwargs["ws"])
-            .first()
-        )
+        workspace = self.workspace_read().first(self.organization.pk, kwargs["ws"])
         perms = (
             selectors.workspace_permissions(request.user, workspace, self.org_membership)
             if workspace is not None
