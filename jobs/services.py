@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 from audit import services as audit
 from audit.context import Actor
+from config.db import insert_rows
 from config.errors import Conflict, Forbidden, InvalidInput, invalid_from_serializer
 from outbox.services import event_emit
 from packages.services import download_urls_available as package_download_available
@@ -355,7 +356,8 @@ def job_submit(
         name=name,
         overrides=overrides,
     )
-    job.save(force_insert=True)  # its workspace, organisation and submitter are at hand: no re-read
+    # Its workspace, organisation and submitter are at hand: no re-read.
+    insert_rows(Job, [job])
     version, reason = job.template_version, job.approval_reason
     # A job queued at once: admitted in this process once this commits (one hop to its launch
     # task), before the outbox's wake-up of the dispatcher that record_event registers.

@@ -1,0 +1,128 @@
+"""``config.db.insert_rows`` and ``copy_insert`` write what ``bulk_create`` writes: the same
+columns for the same instances, read back from PostgreSQL, and instances that know their ids and
+are saved. Rows they do not handle go through ``bulk_create`` itself."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.db.models import Value
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from config.db import COPY_ABOVE, copy_insert, insert_rows
+from jobs.models import Job, JobEvent
+from outbox.models import DomainEvent
+from tests import factories as f
+
+pytestmark = pytest.mark.django_db
+
+TIMES = {"created_at", "updated_at", "occurred_at"}  # set to now by each insert
+
+
+def columns(model, pks) -> list[dict]:
+    """The rows as stored, in the order of ``pks``, without ids and insert times."""
+    stored = {row["id"]: row for row in model.objects.filter(pk__in=pks).values()}
+    return [{k: v for k, v in stored[pk].items() if k != "id" and k not in TIMES} for pk in pks]
+
+
+def events(job, n: int) -> list[JobEvent]:
+    return [
+        JobEvent(
+            job=job,
+            from_state="queued",
+            to_state="running",
+            kind="started",
+            actor=None,
+            actor_label=f"system:{i}",
+            reason="é ' \" \\ %s",
+            data={"nested": {"list": [1, 2.5, None, "x"]}, "n": i},
+        )
+        for i in range(n)
+    ]
+
+
+def domain_events(job, n: int) -> list[DomainEvent]:
+    return [
+        DomainEvent(
+            type="job.started",
+            organization=job.organization,
+            workspace=job.workspace if i % 2 else None,
+            payload={"job": job.pk, "i": i},
+        )
+        for i in range(n)
+    ]
+
+
+def newer(model, than: int | None) -> list[int]:
+    rows = model.objects.filter(pk__gt=than) if than is not None else model.objects.all()
+    return list(rows.order_by("pk").values_list("pk", flat=True))
+
+
+@pytest.mark.parametrize("n", [1, 3, COPY_ABOVE, COPY_ABOVE + 5])  # the last one by COPY
+@pytest.mark.parametrize("make", [events, domain_events])
+def test_rows_are_those_bulk_create_writes(make, n):
+    job = f.JobFactory()
+    ours, django_s = make(job, n), make(job, n)
+    model = type(ours[0])
+    last = model.objects.order_by("-pk").values_list("pk", flat=True).first()
+    before = timezone.now()
+    returned = copy_insert(model, ours)
+    assert len(returned) == n and all(a is b for a, b in zip(returned, ours, strict=True))
+    # ids made by the database (JobEvent) grow in insert order; DomainEvent's are uuid4s
+    auto = model._meta.pk.get_internal_type() in ("AutoField", "BigAutoField")
+    written = newer(model, last) if auto else [obj.pk for obj in ours]
+    model.objects.bulk_create(django_s)
+    assert columns(model, written) == columns(model, [obj.pk for obj in django_s])
+    if n <= COPY_ABOVE:  # the small path learns its ids, as bulk_create does
+        assert [obj.pk for obj in ours] == written
+        assert not any(obj._state.adding for obj in ours)
+        for name in TIMES & {field.attname for field in model._meta.concrete_fields}:
+            assert all(getattr(obj, name) >= before for obj in ours)
+
+
+def test_a_job_inserted_is_the_job_bulk_create_inserts():
+    model = f.JobFactory()  # its template version, workspace and submitter, saved
+
+    def like_it() -> Job:
+        values = {field.attname: getattr(model, field.attname) for field in Job._meta.fields}
+        return Job(**{**values, "id": None, "created_at": None, "updated_at": None})
+
+    first, second = like_it(), like_it()
+    with CaptureQueriesContext(connection) as queries:
+        assert insert_rows(Job, [first]) == [first]
+    assert len(queries.captured_queries) == 1  # one INSERT … RETURNING
+    Job.objects.bulk_create([second])
+    assert columns(Job, [first.pk]) == columns(Job, [second.pk])
+    assert Job.objects.get(pk=first.pk).spec == model.spec
+    assert first._state.db == "default" and not first._state.adding
+    assert first.created_at is not None and first.updated_at is not None
+
+
+def test_the_statement_is_kept_per_model_and_row_count():
+    job = f.JobFactory()
+    connection.__dict__.pop("_manta_insert_sql", None)  # what earlier tests kept
+    copy_insert(JobEvent, events(job, 2))
+    kept = connection._manta_insert_sql
+    assert (JobEvent, 2) in kept and (JobEvent, 1) not in kept
+    copy_insert(JobEvent, events(job, 1))
+    assert kept[(JobEvent, 1)].count("(%s") == 1 and kept[(JobEvent, 2)].count("(%s") == 2
+
+
+def test_rows_it_does_not_handle_go_through_bulk_create():
+    job = f.JobFactory()
+    given = events(job, 1)
+    given[0].pk = 10**9  # an id chosen by the caller
+    insert_rows(JobEvent, given)
+    assert JobEvent.objects.filter(pk=10**9).exists()
+    expressed = events(job, 1)
+    expressed[0].actor_label = Value("from an expression")
+    insert_rows(JobEvent, expressed)
+    assert JobEvent.objects.filter(actor_label="from an expression").count() == 1
+    assert insert_rows(JobEvent, []) == []
+
+
+def test_an_unsaved_related_row_is_refused_as_bulk_create_refuses_it():
+    job = f.JobFactory.build()
+    with pytest.raises(ValueError, match="unsaved related object"):
+        insert_rows(JobEvent, events(job, 1))
