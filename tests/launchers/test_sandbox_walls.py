@@ -296,3 +296,30 @@ def test_a_gpu_lease_whose_cluster_is_gone_is_taken_again(tmp_path) -> None:
     assert take_gpus(leases, ("0", "1"), 1, str(tmp_path / "mr-next")) == ["1"]
     with pytest.raises(LaunchError, match="busy"):
         take_gpus(leases, ("0", "1"), 1, str(tmp_path / "mr-other"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs a process as another uid")
+def test_a_uid_lease_whose_cluster_is_gone_is_dropped_once_the_uid_holds_nothing(
+    tmp_path,
+) -> None:
+    """A worker killed mid-teardown leaves its cluster's uid leased with no cluster: the lease
+    is dropped when the next cluster takes a uid, but not while a process still runs as that
+    uid (the cluster's processes outlived the worker), and never a live cluster's."""
+    uid, settings = 3_099_991, SandboxSettings(uid_range=(3_099_991, 3_099_991))
+    leases = Leases(str(tmp_path / "leases"))
+    live, dead = tmp_path / "mr-live", tmp_path / "mr-dead"
+    live.mkdir()
+    assert leases.take("uid", str(uid), str(live))
+    with pytest.raises(LaunchError, match="no free sandbox uid"):
+        take_uid(leases, settings, str(tmp_path / "mr-next"))  # its cluster lives: kept
+    live.rename(dead)  # as if torn down halfway: the lease names a directory that is gone
+    survivor = subprocess.Popen(["sleep", "60"], user=uid, group=65534)
+    try:
+        with pytest.raises(LaunchError, match="no free sandbox uid"):
+            take_uid(leases, settings, str(tmp_path / "mr-next"))
+        assert str(uid) in leases.held("uid")  # a process still runs as it
+    finally:
+        survivor.kill()
+        survivor.wait()
+    assert take_uid(leases, settings, str(tmp_path / "mr-next")) == uid
+    assert leases.held("uid") == {str(uid)}

@@ -14,7 +14,7 @@ import os
 import pwd
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..base import LaunchError
 from .files import PARTIAL_PREFIX, write_whole
@@ -50,14 +50,18 @@ class Leases:
         never one that names nobody and so is never stale."""
         return write_whole(os.path.join(self.dir, f"{kind}-{key}"), owner, exclusive=True)
 
-    def drop_stale(self, kind: str) -> None:
+    def drop_stale(
+        self, kind: str, keep: Callable[[set[str]], set[str]] = lambda keys: set()
+    ) -> None:
         """Drop the leases whose owner, a cluster's directory, is gone: a cluster keeps its
         directory from before it takes a lease until after it gives them back, so a lease
         without one was left by a worker that died mid-teardown (or a host that rebooted).
         Also, once a minute old, a lease that names no owner (a taker of an earlier release,
         which wrote the owner after creating the file, died between the two) and what a killed
-        taker left aside."""
+        taker left aside. ``keep`` names, of the stale keys, those still in use elsewhere (a
+        uid that still runs a process or holds a key): they stay leased."""
         old = time.time() - ORPHAN_SECONDS
+        stale: dict[str, str] = {}
         for name in os.listdir(self.dir):
             path = os.path.join(self.dir, name)
             with contextlib.suppress(OSError):
@@ -72,6 +76,11 @@ class Leases:
                 if (owner.startswith("/") and not os.path.exists(owner)) or (
                     not owner and os.stat(path).st_mtime < old
                 ):
+                    stale[name.split("-", 1)[1]] = path
+        kept = keep(set(stale)) if stale else set()
+        for key, path in stale.items():
+            if key not in kept:
+                with contextlib.suppress(OSError):
                     os.unlink(path)
 
     def release(self, kind: str, key: str, owner: str) -> None:
@@ -84,10 +93,16 @@ class Leases:
 
 
 def take_uid(leases: Leases, settings: SandboxSettings, owner: str) -> int:
+    """A uid of the range that no live cluster holds and that holds nothing in the kernel: no
+    process runs as it and it owns no keys. Leases a dead cluster left are dropped first, but
+    for a uid that still runs a process or holds a key (its cluster's processes outlived the
+    worker that was tearing it down, say)."""
+    leases.drop_stale("uid", keep=_uids_in_use)
+    busy = uids_running() | uids_holding_keys()
     low, high = settings.uid_range
     for _ in range(1000):
         uid = random.randint(low, high)
-        if uid == os.getuid() or _uid_exists(uid) or uid in uids_holding_keys():
+        if uid == os.getuid() or uid in busy or _uid_exists(uid):
             continue
         if leases.take("uid", str(uid), owner):
             return uid
@@ -121,6 +136,26 @@ def uids_holding_keys() -> set[int]:
     except (OSError, ValueError):
         pass
     return found
+
+
+def uids_running() -> set[int]:
+    """The uids any process of the host runs as now (real, effective, saved or filesystem uid;
+    ``/proc/<pid>/status``, which shows every PID namespace's processes)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError), open(f"/proc/{entry}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    found.update(int(uid) for uid in line.split()[1:])
+                    break
+    return found
+
+
+def _uids_in_use(keys: set[str]) -> set[str]:
+    busy = uids_running() | uids_holding_keys()
+    return {key for key in keys if not key.isdigit() or int(key) in busy}
 
 
 def _uid_exists(uid: int) -> bool:
