@@ -50,18 +50,15 @@ class Leases:
         never one that names nobody and so is never stale."""
         return write_whole(os.path.join(self.dir, f"{kind}-{key}"), owner, exclusive=True)
 
-    def drop_stale(
-        self, kind: str, keep: Callable[[set[str]], set[str]] = lambda keys: set()
-    ) -> None:
+    def drop_stale(self, kind: str, in_use: Callable[[str], bool] = lambda key: False) -> None:
         """Drop the leases whose owner, a cluster's directory, is gone: a cluster keeps its
         directory from before it takes a lease until after it gives them back, so a lease
         without one was left by a worker that died mid-teardown (or a host that rebooted).
         Also, once a minute old, a lease that names no owner (a taker of an earlier release,
         which wrote the owner after creating the file, died between the two) and what a killed
-        taker left aside. ``keep`` names, of the stale keys, those still in use elsewhere (a
-        uid that still runs a process or holds a key): they stay leased."""
+        taker left aside. A key ``in_use`` says is still in use elsewhere (a uid that still runs
+        a process or holds a key) stays leased."""
         old = time.time() - ORPHAN_SECONDS
-        stale: dict[str, str] = {}
         for name in os.listdir(self.dir):
             path = os.path.join(self.dir, name)
             with contextlib.suppress(OSError):
@@ -73,14 +70,10 @@ class Leases:
                     continue
                 with open(path) as f:
                     owner = f.read()
-                if (owner.startswith("/") and not os.path.exists(owner)) or (
+                orphaned = (owner.startswith("/") and not os.path.exists(owner)) or (
                     not owner and os.stat(path).st_mtime < old
-                ):
-                    stale[name.split("-", 1)[1]] = path
-        kept = keep(set(stale)) if stale else set()
-        for key, path in stale.items():
-            if key not in kept:
-                with contextlib.suppress(OSError):
+                )
+                if orphaned and not in_use(name.split("-", 1)[1]):
                     os.unlink(path)
 
     def release(self, kind: str, key: str, owner: str) -> None:
@@ -97,8 +90,8 @@ def take_uid(leases: Leases, settings: SandboxSettings, owner: str) -> int:
     process runs as it and it owns no keys. Leases a dead cluster left are dropped first, but
     for a uid that still runs a process or holds a key (its cluster's processes outlived the
     worker that was tearing it down, say)."""
-    leases.drop_stale("uid", keep=_uids_in_use)
     busy = uids_running() | uids_holding_keys()
+    leases.drop_stale("uid", in_use=lambda key: not key.isdigit() or int(key) in busy)
     low, high = settings.uid_range
     for _ in range(1000):
         uid = random.randint(low, high)
@@ -151,11 +144,6 @@ def uids_running() -> set[int]:
                     found.update(int(uid) for uid in line.split()[1:])
                     break
     return found
-
-
-def _uids_in_use(keys: set[str]) -> set[str]:
-    busy = uids_running() | uids_holding_keys()
-    return {key for key in keys if not key.isdigit() or int(key) in busy}
 
 
 def _uid_exists(uid: int) -> bool:
