@@ -38,8 +38,7 @@ def insert_rows(model: type[models.Model], objs: list[models.Model]) -> list[mod
     database default as a value, a field with a placeholder of its own, a child table, another
     database) go through ``bulk_create``."""
     fields = _insert_fields(model) if objs and connection.vendor == "postgresql" else None
-    pk = model._meta.pk
-    auto = isinstance(pk, models.AutoField | models.BigAutoField)
+    auto = _has_auto_pk(model)
     if fields is None or any((obj.pk is None) != auto for obj in objs):
         return model.objects.bulk_create(objs)
     params: list[Any] = []
@@ -64,12 +63,21 @@ def _insert_fields(model: type[models.Model]) -> list[models.Field] | None:
     one of them needs what only Django's insert compiler does (a placeholder of its own)."""
     if model._meta.parents:
         return None  # a child table's row is two INSERTs
-    pk = model._meta.pk
-    auto = isinstance(pk, models.AutoField | models.BigAutoField)
-    fields = [field for field in model._meta.concrete_fields if not (auto and field is pk)]
+    fields = _written_fields(model)
     if any(hasattr(field, "get_placeholder") for field in fields):
         return None
     return fields
+
+
+def _has_auto_pk(model: type[models.Model]) -> bool:
+    return isinstance(model._meta.pk, models.AutoField | models.BigAutoField)
+
+
+def _written_fields(model: type[models.Model]) -> list[models.Field]:
+    """The columns an insert writes: every concrete field but an auto-incremented id, which
+    the database makes."""
+    auto = _has_auto_pk(model)
+    return [field for field in model._meta.concrete_fields if not (auto and field.primary_key)]
 
 
 def _insert_sql(model: type[models.Model], fields: list[models.Field], rows: int) -> str:
@@ -92,11 +100,7 @@ def copy_insert(model: type[models.Model], objs: Iterable[models.Model]) -> list
         return insert_rows(model, objs)
     from psycopg.types.json import Jsonb
 
-    fields = [
-        field
-        for field in model._meta.concrete_fields
-        if not (field.primary_key and isinstance(field, models.AutoField | models.BigAutoField))
-    ]
+    fields = _written_fields(model)
     now = timezone.now()
     always = [f.attname for f in fields if getattr(f, "auto_now", False)]
     if_unset = [f.attname for f in fields if getattr(f, "auto_now_add", False)]
