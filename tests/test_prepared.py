@@ -205,3 +205,25 @@ def test_a_submission_reads_its_template_through_the_prepared_read(world):
         )
         assert missing.status_code == 400, template_id
         assert missing.json()["errors"] == {"template": ["no such template in this workspace"]}
+
+
+def test_hostile_tokens_and_slugs_through_the_api_are_refused_not_errors(world):
+    """What reaches the prepared reads from a request: the bearer secret (hashed before the
+    read) and the URL's slugs (Django's slug converter first). A NUL, a huge secret, a slug
+    no workspace has: 401 or 404, never a 500."""
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    org, ws = world["org"].slug, world["ws"].slug
+    for secret in ("mnt_\x00", "mnt_" + "a" * 100_000, "mnt_' OR 1=1 --", "mnt_é"):
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+        answer = client.get(f"/api/v1/orgs/{org}/workspaces/{ws}/jobs/")
+        assert answer.status_code == 401, (secret[:20], answer.status_code)
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world['token'].secret}")
+    for path in (
+        f"/api/v1/orgs/{org}/workspaces/{'w' * 10_000}/jobs/",
+        f"/api/v1/orgs/{'o' * 10_000}/workspaces/{ws}/jobs/",
+        f"/api/v1/orgs/{org}/workspaces/{ws}%00/jobs/",
+    ):
+        assert client.get(path).status_code == 404, path[:60]
+    assert client.get(f"/api/v1/orgs/{org}/workspaces/{ws}/jobs/").status_code == 200
