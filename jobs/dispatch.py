@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 
 from django.db import transaction
 
+from config import wakeup
 from config.celery import app
 
 from .models import ATTEMPT_ACTIVE, TERMINAL_STATES, JobAttempt, JobState
@@ -55,8 +56,9 @@ def on_commit(name: str, *args) -> None:
 
 
 def admit() -> None:
-    """An admission pass for every organisation with queued jobs."""
-    send(ADMIT)
+    """An admission pass for every organisation with queued jobs, unless one is already on its
+    way (``config/wakeup.py``: that pass has not started reading, so it sees what committed)."""
+    wakeup.wake(ADMIT, lambda: send(ADMIT))
 
 
 def launch_attempts(attempt_ids: list[str]) -> None:

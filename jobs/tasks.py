@@ -7,11 +7,13 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.db import InterfaceError, OperationalError
 
+from config import wakeup
 from config.celery import send_many
 from packages import services as package_services
 
 from . import following, launching, pool_upkeep, preempting, selectors
 from . import sweep as sweeping
+from .dispatch import ADMIT
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ def report_isolation(**_kwargs) -> None:
 def admit() -> dict[int, list[int]]:
     from .admission import admit_all
 
+    wakeup.woken(ADMIT)  # before the pass reads: a commit from now on sends a new wake-up
     return admit_all()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
+from config import wakeup
 from config.celery import send_many
 from outbox.services import DISPATCH_TASK
 
@@ -22,6 +23,7 @@ FOLLOW_UP_WITHIN = 60.0
 def dispatch_events() -> int:
     """Woken by the outbox: fan undispatched events (and new audit events) out, then drain the
     endpoints that got deliveries."""
+    wakeup.woken(DISPATCH_TASK)  # before reading: an event from now on sends a new wake-up
     touched = dispatch.events_dispatch() | dispatch.audit_dispatch()
     send_many(deliver, [(pk,) for pk in sorted(touched)])
     return len(touched)

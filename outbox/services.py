@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
+from config import wakeup
 from config.celery import app
 from config.db import copy_insert
 
@@ -68,4 +69,5 @@ def _dispatch_on_commit() -> None:
 def _dispatch_send() -> None:
     # A signature runs the task registered under that name when this process has it (eagerly,
     # if Celery is set to) and otherwise sends the message by name.
-    app.signature(DISPATCH_TASK).delay()
+    # Not when a wake-up is already on its way: the dispatcher it starts has not read yet.
+    wakeup.wake(DISPATCH_TASK, app.signature(DISPATCH_TASK).delay)

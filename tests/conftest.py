@@ -39,6 +39,18 @@ def pytest_collection_modifyitems(config, items):
 __all__ = ["PASSWORD", "SYSTEM", "World", "build_world"]
 
 
+@pytest.fixture(autouse=True)
+def _no_wakeup_pending():
+    """No wake-up an earlier test sent (to a broker nobody here consumes) is pending: each test
+    sends its own admission and dispatcher wake-ups (config/wakeup.py)."""
+    from config import wakeup
+    from jobs.dispatch import ADMIT
+    from outbox.services import DISPATCH_TASK
+
+    for name in (ADMIT, DISPATCH_TASK):
+        wakeup.woken(name)
+
+
 @dataclasses.dataclass
 class World:
     org: Organization
