@@ -26,6 +26,8 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 from rest_framework.fields import empty
 
+from config.serializers import DeclaredFieldsOnceMixin
+
 # difflib's ratio: 'status' → 'state' is 0.73, 'aproval_policy' → 'approval_policy' 0.97.
 SUGGESTION_CUTOFF = 0.7
 
@@ -76,7 +78,7 @@ class StrictFieldsMixin:
         return super().to_internal_value(data)
 
 
-class StrictSerializer(StrictFieldsMixin, serializers.Serializer):
+class StrictSerializer(StrictFieldsMixin, DeclaredFieldsOnceMixin, serializers.Serializer):
     pass
 
 
