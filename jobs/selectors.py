@@ -86,8 +86,12 @@ def known_to_have_no_attempts(job: Job) -> Job:
     """Mark ``job`` (just created) as having no attempts, so ``job.attempts.all()`` is empty
     without a query: what ``prefetch_related_objects`` with an empty queryset leaves, without
     building the prefetch's filtered query first (a tenth of a submission's rendering)."""
+    none = JobAttempt.objects.none()
+    # Filled as prefetch_related_objects fills what it prefetched: iterating ``none()`` itself
+    # would still compile its SQL (ordering, joins) before finding it empty.
+    none._result_cache, none._prefetch_done = [], True
     cache = job.__dict__.setdefault("_prefetched_objects_cache", {})
-    cache[Job.attempts.field.remote_field.cache_name] = JobAttempt.objects.none()
+    cache[Job.attempts.field.remote_field.cache_name] = none
     return job
 
 
