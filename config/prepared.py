@@ -115,6 +115,11 @@ class _Compiled:
                 )
             self.slots += [(position, index) for position in found]
         self.flat = queryset._iterable_class is FlatValuesListIterable
+        # What results_iter() works out on every call, once: each column's converters.
+        columns = [column[0] for column in self.compiler.select[0 : self.compiler.col_count]]
+        if self.compiler.has_composite_fields(columns):
+            raise ValueError("a prepared read has no composite fields")
+        self.converters = self.compiler.get_converters(columns)
         if not self.flat:
             info, select = self.compiler.klass_info, self.compiler.select
             self.model = info["model"]
@@ -134,7 +139,9 @@ class _Compiled:
         return cls(read.build(*stand_ins), stand_ins, using)
 
     def instances(self, fetched: list, alias: str) -> list:
-        rows = self.compiler.results_iter([fetched])
+        rows = (
+            self.compiler.apply_converters(fetched, self.converters) if self.converters else fetched
+        )
         if self.flat:
             return [row[0] for row in rows]
         found: list[Model] = []
