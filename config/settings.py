@@ -187,6 +187,21 @@ def _number(name: str, default: float, *, low: float, high: float, kind=float):
     return value
 
 
+# PostgreSQL: a query's values travel apart from its SQL (server-side binding), and a statement
+# a connection has run MANTA_DB_PREPARE_THRESHOLD times is kept prepared by the server, parsed
+# and planned once instead of on every run (the same few statements make every request). "off":
+# never kept (a pooler in transaction mode that cannot follow them, PgBouncer before 1.21).
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    _prepare = env.str("MANTA_DB_PREPARE_THRESHOLD", default="5").strip().lower()
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "server_side_binding": True,
+            "prepare_threshold": None
+            if _prepare == "off"
+            else _number("MANTA_DB_PREPARE_THRESHOLD", 5, low=0, high=1_000_000, kind=int),
+        }
+    )
+
 MANTA_PACKAGE_MAX_BYTES = env.int("MANTA_PACKAGE_MAX_BYTES", default=100 * 1024**2)
 MANTA_PACKAGE_MAX_UNPACKED_BYTES = env.int("MANTA_PACKAGE_MAX_UNPACKED_BYTES", default=1024**3)
 MANTA_PACKAGE_RETENTION_DAYS = env.int("MANTA_PACKAGE_RETENTION_DAYS", default=30)

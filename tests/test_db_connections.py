@@ -2,6 +2,7 @@
 CONN_MAX_AGE seconds (MANTA_DB_CONN_MAX_AGE, 60 by default), health-checked, and close one that
 is older or broken at a request's or a task's boundary, never in the middle of one."""
 
+import re
 import subprocess
 import sys
 import time
@@ -40,6 +41,52 @@ def test_connections_persist_for_a_minute_by_default_health_checked():
     assert database_settings(MANTA_DB_CONN_MAX_AGE="5") == "5 True"
     assert database_settings(CONN_MAX_AGE="7") == "7 True"  # the older name still works
     assert database_settings(MANTA_DB_CONN_MAX_AGE="0") == "0 True"
+
+
+def prepare_settings(**env: str) -> subprocess.CompletedProcess:
+    """How config.settings tells psycopg to bind and prepare, in a clean process."""
+    code = (
+        "import config.settings as s; o = s.DATABASES['default']['OPTIONS']; "
+        "print(o['server_side_binding'], o['prepare_threshold'])"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "MANTA_VAR_DIR": "/tmp/manta-settings-check",
+            "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/test",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_postgresql_binds_on_the_server_and_prepares_what_runs_five_times_by_default():
+    assert prepare_settings().stdout.strip() == "True 5"
+    assert prepare_settings(MANTA_DB_PREPARE_THRESHOLD="0").stdout.strip() == "True 0"
+    assert prepare_settings(MANTA_DB_PREPARE_THRESHOLD="off").stdout.strip() == "True None"
+    refused = prepare_settings(MANTA_DB_PREPARE_THRESHOLD="-1")
+    assert refused.returncode != 0
+    assert "MANTA_DB_PREPARE_THRESHOLD: must be between 0 and" in refused.stderr
+
+
+@pytest.mark.django_db
+def test_a_statement_a_connection_runs_often_is_kept_prepared_by_the_server():
+    from workspaces.models import Organization
+
+    for slug in ("a", "b", "c", "d", "e", "f"):  # one statement, six values
+        assert not Organization.objects.filter(slug=slug).exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        kept = [row[0] for row in cursor.fetchall()]
+    slug = re.compile(
+        r'FROM "workspaces_organization" WHERE "workspaces_organization"."slug" = \$\d'
+    )
+    assert [statement for statement in kept if slug.search(statement)], kept
 
 
 def task_boundary(*, eager: bool = False) -> None:
