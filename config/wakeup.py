@@ -7,10 +7,12 @@ before it reads anything, so a commit that found a wake-up pending (and sent not
 committed before the run that wake-up starts reads: that run sees it. A burst of commits while
 the worker is busy then costs one message and one run, not one of each per commit.
 
-The mark lives in the cache (Redis in production, shared by the API and the workers) and
-expires after :data:`PENDING_SECONDS`: a message lost on its way (a broker restarted without
-persistence) delays the next wake-up by at most that long, and the sweeps look again anyway.
-Should the cache be away, every commit sends, as before.
+The mark lives in the cache when it is Redis (``MANTA_CACHE_URL``, by default the broker's Redis:
+one the API and the workers share) and expires after :data:`PENDING_SECONDS`: a message lost on
+its way (a broker restarted without persistence) delays the next wake-up by at most that long,
+and the sweeps look again anyway. With another cache (the file cache of a RabbitMQ deployment,
+which hosts need not share: a worker could never clear an API host's mark) or with Redis away,
+every commit sends, as before.
 """
 
 from __future__ import annotations
@@ -60,11 +62,11 @@ def wake(name: str, send: Callable[[], object]) -> bool:
 def _mark(name: str) -> bool:
     """True when no wake-up of ``name`` was pending (and one is now)."""
     cache = caches[DEFAULT_CACHE_ALIAS]
+    if not isinstance(cache, RedisCache):
+        return True
     key = _key(name)
     try:
-        if isinstance(cache, RedisCache):
-            return bool(_redis(cache, key).set(key, b"1", nx=True, ex=PENDING_SECONDS))
-        return cache.add(f"wakeup:{name}", 1, timeout=PENDING_SECONDS)
+        return bool(_redis(cache, key).set(key, b"1", nx=True, ex=PENDING_SECONDS))
     except (RedisError, OSError):
         logger.warning("wake-up %s: cache unavailable, sending", name, exc_info=True)
         return True
@@ -73,11 +75,10 @@ def _mark(name: str) -> bool:
 def woken(name: str) -> None:
     """A run of ``name`` starts: the next commit that needs one sends a new wake-up."""
     cache = caches[DEFAULT_CACHE_ALIAS]
+    if not isinstance(cache, RedisCache):
+        return
     key = _key(name)
     try:
-        if isinstance(cache, RedisCache):
-            _redis(cache, key).delete(key)
-        else:
-            cache.delete(f"wakeup:{name}")
+        _redis(cache, key).delete(key)
     except (RedisError, OSError):
         logger.warning("wake-up %s: cache unavailable", name, exc_info=True)
