@@ -127,6 +127,13 @@ TASK_RUNTIME = Histogram(
     buckets=FAST + SLOW[3:],
 )
 
+WAKEUPS = Counter(
+    "manta_wakeups",
+    "Wake-ups of a task that looks again (admission, the outbox dispatcher): sent, or held back "
+    "because one was already on its way (config/wakeup.py)",
+    ["task", "outcome"],
+)
+
 
 def tenant(job) -> dict[str, str]:
     """The tenant labels of a job (or anything with ``organization`` and ``workspace``)."""

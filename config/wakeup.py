@@ -25,6 +25,8 @@ from django.core.cache import DEFAULT_CACHE_ALIAS, caches
 from django.core.cache.backends.redis import RedisCache
 from redis.exceptions import RedisError
 
+from config.metrics import WAKEUPS
+
 logger = logging.getLogger(__name__)
 
 PENDING_SECONDS = 5
@@ -50,12 +52,14 @@ def wake(name: str, send: Callable[[], object]) -> bool:
     """Call ``send`` unless a wake-up of ``name`` is pending; True when it was called. Should
     sending fail, nothing stays pending."""
     if not _mark(name):
+        WAKEUPS.labels(task=name, outcome="pending").inc()
         return False
     try:
         send()
     except BaseException:
         woken(name)
         raise
+    WAKEUPS.labels(task=name, outcome="sent").inc()
     return True
 
 

@@ -11,6 +11,7 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 from django.db import transaction
+from prometheus_client import REGISTRY
 
 from audit.context import Actor
 from config import wakeup
@@ -37,7 +38,13 @@ def waiting(queue: str, task: str) -> int:
     return sum(message["headers"]["task"] == task for message in messages)
 
 
+def counted(task: str, outcome: str) -> float:
+    value = REGISTRY.get_sample_value("manta_wakeups_total", {"task": task, "outcome": outcome})
+    return value or 0.0
+
+
 def test_a_wakeup_is_sent_once_while_pending_and_again_once_its_run_starts():
+    before = counted("test.wake", "sent"), counted("test.wake", "pending")
     sent: list[int] = []
     assert wakeup.wake("test.wake", lambda: sent.append(1)) is True
     assert wakeup.wake("test.wake", lambda: sent.append(2)) is False
@@ -45,6 +52,8 @@ def test_a_wakeup_is_sent_once_while_pending_and_again_once_its_run_starts():
     wakeup.woken("test.wake")
     assert wakeup.wake("test.wake", lambda: sent.append(4)) is True
     assert sent == [1, 3, 4]
+    assert counted("test.wake", "sent") == before[0] + 2  # /metrics says how many were held back
+    assert counted("test.wake", "pending") == before[1] + 1
     wakeup.woken("test.wake"), wakeup.woken("test.other")
 
 
