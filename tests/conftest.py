@@ -47,6 +47,7 @@ def _no_wakeup_pending():
     from jobs.dispatch import ADMIT
     from outbox.services import DISPATCH_TASK
 
+    wakeup._away_until = 0.0  # nor does an earlier test's Redis outage linger
     for name in (ADMIT, DISPATCH_TASK):
         wakeup.woken(name)
 

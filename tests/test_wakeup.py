@@ -80,20 +80,44 @@ def test_a_send_that_fails_leaves_nothing_pending():
     wakeup.woken("test.fails")
 
 
-def test_with_the_cache_away_every_wakeup_is_sent(settings):
-    with socket_closed() as port:
-        settings.CACHES = {
-            "default": {
-                "BACKEND": "django.core.cache.backends.redis.RedisCache",
-                "LOCATION": f"redis://127.0.0.1:{port}/0",
-                "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
-            }
+def redis_cache_at(settings, port: int) -> None:
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": f"redis://127.0.0.1:{port}/0",
         }
+    }
+
+
+@pytest.mark.parametrize("outage", ["refused", "hung"])
+def test_with_redis_away_every_wakeup_is_sent_after_one_short_wait(settings, outage):
+    """Refused: nothing listens. Hung: the port accepts connections and never answers (a
+    stopped Redis). Either way the first wake-up waits at most ANSWER_SECONDS and sends; the
+    next ones, for PENDING_SECONDS, send without asking."""
+    with socket_closed(listening=outage == "hung") as port:
+        redis_cache_at(settings, port)
         sent: list[int] = []
-        for n in range(3):
+        started = time.monotonic()
+        assert wakeup.wake("test.away", lambda: sent.append(0)) is True
+        first = time.monotonic() - started
+        for n in range(1, 4):
             assert wakeup.wake("test.away", lambda n=n: sent.append(n)) is True
-        wakeup.woken("test.away")  # logged, not raised
-    assert sent == [0, 1, 2]
+        rest = time.monotonic() - started - first
+    assert sent == [0, 1, 2, 3]
+    assert first < 2 * wakeup.ANSWER_SECONDS + 0.5 and rest < 0.2, (first, rest)
+
+
+def test_a_send_that_fails_with_redis_away_asks_nothing_more(settings, monkeypatch):
+    monkeypatch.setattr(wakeup, "_away_until", time.monotonic() + 60)
+    asked: list[str] = []
+    monkeypatch.setattr(wakeup, "woken", asked.append)
+
+    def broker_away():
+        raise ConnectionError("broker away")
+
+    with pytest.raises(ConnectionError):
+        wakeup.wake("test.both", broker_away)
+    assert asked == []  # no mark was set, none to clear
 
 
 def test_a_cache_other_than_redis_sends_every_wakeup(settings, tmp_path):
@@ -162,13 +186,19 @@ def test_events_committed_while_the_dispatcher_is_pending_wake_it_once(settings)
 
 
 class socket_closed:
-    """A loopback port nothing listens on, for as long as the block runs."""
+    """A loopback port nothing answers on, for as long as the block runs: bound only
+    (connections are refused), or listening and never reading (connections hang)."""
+
+    def __init__(self, *, listening: bool = False):
+        self.listening = listening
 
     def __enter__(self) -> int:
         import socket
 
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        self.sock.bind(("127.0.0.1", 0))
+        if self.listening:
+            self.sock.listen(16)
         return self.sock.getsockname()[1]
 
     def __exit__(self, *exc) -> None:
