@@ -19,12 +19,10 @@ from config.celery import app, probe
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def database_settings(**env: str) -> str:
-    """CONN_MAX_AGE and CONN_HEALTH_CHECKS as config.settings reads them in a clean process."""
-    code = (
-        "import config.settings as s; d = s.DATABASES['default']; "
-        "print(d['CONN_MAX_AGE'], d['CONN_HEALTH_CHECKS'])"
-    )
+def load_settings(printing: str, **env: str) -> subprocess.CompletedProcess:
+    """config.settings loaded in a clean process with ``env``, printing ``printing`` (an
+    expression over ``d``, the default database's settings)."""
+    code = f"import config.settings as s; d = s.DATABASES['default']; print({printing})"
     return subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
@@ -32,8 +30,15 @@ def database_settings(**env: str) -> str:
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
-    ).stdout.strip()
+        check=False,
+    )
+
+
+def database_settings(**env: str) -> str:
+    """CONN_MAX_AGE and CONN_HEALTH_CHECKS as config.settings reads them."""
+    done = load_settings("d['CONN_MAX_AGE'], d['CONN_HEALTH_CHECKS']", **env)
+    assert done.returncode == 0, done.stderr[-800:]
+    return done.stdout.strip()
 
 
 def test_connections_persist_for_a_minute_by_default_health_checked():
@@ -44,24 +49,10 @@ def test_connections_persist_for_a_minute_by_default_health_checked():
 
 
 def prepare_settings(**env: str) -> subprocess.CompletedProcess:
-    """How config.settings tells psycopg to bind and prepare, in a clean process."""
-    code = (
-        "import config.settings as s; o = s.DATABASES['default']['OPTIONS']; "
-        "print(o['server_side_binding'], o['prepare_threshold'])"
-    )
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env={
-            "PATH": "/usr/bin:/bin",
-            "MANTA_VAR_DIR": "/tmp/manta-settings-check",
-            "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/test",
-            **env,
-        },
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    """How config.settings tells psycopg to bind and prepare, on PostgreSQL."""
+    postgresql = {"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/test", **env}
+    return load_settings(
+        "d['OPTIONS']['server_side_binding'], d['OPTIONS']['prepare_threshold']", **postgresql
     )
 
 
@@ -69,9 +60,20 @@ def test_postgresql_binds_on_the_server_and_prepares_what_runs_five_times_by_def
     assert prepare_settings().stdout.strip() == "True 5"
     assert prepare_settings(MANTA_DB_PREPARE_THRESHOLD="0").stdout.strip() == "True 0"
     assert prepare_settings(MANTA_DB_PREPARE_THRESHOLD="off").stdout.strip() == "True None"
-    refused = prepare_settings(MANTA_DB_PREPARE_THRESHOLD="-1")
-    assert refused.returncode != 0
-    assert "MANTA_DB_PREPARE_THRESHOLD: must be between 0 and" in refused.stderr
+    assert prepare_settings(MANTA_DB_PREPARE_THRESHOLD=" OFF ").stdout.strip() == "True None"
+    for value, rule in [
+        ("-1", "must be between 0 and"),
+        ("99999999999999999999", "must be between 0 and"),
+        ("five", "must be a whole number"),
+        ("2.5", "must be a whole number"),
+        ("5 rows", "must be a whole number"),  # (no NUL: an environment cannot hold one)
+    ]:
+        refused = prepare_settings(MANTA_DB_PREPARE_THRESHOLD=value)
+        assert refused.returncode != 0, value
+        assert f"MANTA_DB_PREPARE_THRESHOLD: {rule}" in refused.stderr, (
+            value,
+            refused.stderr[-800:],
+        )
 
 
 @pytest.mark.django_db
