@@ -19,13 +19,17 @@ from tests.e2e.test_launch import TERMINAL, WS, make_template, py, submit, wait_
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
-SHOW_DEVICES = py(
-    "import os, ray, time; ray.init(); "
-    "f = ray.remote(num_gpus=2, num_cpus=0)(lambda: os.environ.get('CUDA_VISIBLE_DEVICES')); "
-    "print('devices', ray.get(f.remote()), flush=True); "
-    "print('accelerators', ','.join(sorted(k for k in ray.cluster_resources() "
-    "if k.startswith('accelerator_type:'))) or '-', flush=True); time.sleep(15)"
-)
+
+def show_devices(then_sleep: int) -> str:
+    """An entrypoint printing the devices its 2-GPU task sees and the cluster's accelerator
+    types, then sleeping (so that it still runs while the test looks)."""
+    return py(
+        "import os, ray, time; ray.init(); "
+        "f = ray.remote(num_gpus=2, num_cpus=0)(lambda: os.environ.get('CUDA_VISIBLE_DEVICES')); "
+        "print('devices', ray.get(f.remote()), flush=True); "
+        "print('accelerators', ','.join(sorted(k for k in ray.cluster_resources() "
+        f"if k.startswith('accelerator_type:'))) or '-', flush=True); time.sleep({then_sleep})"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +64,10 @@ def devices(job_id: int) -> set[str] | None:
 def test_each_flavor_gets_only_its_devices_and_a_third_job_waits(world):
     # no CPUs: the host's 2 CPUs must not be what the third job waits for
     groups = [{"name": "g", "replicas": 1, "cpu": 0, "memory_gb": 1, "gpu": 2}]
+    # The first two run on while the third is looked at; nobody waits for the third.
     h100, a100, anyone = (
-        make_template(world, entrypoint=SHOW_DEVICES, worker_groups=groups, **flavor)
-        for flavor in ({"gpu_flavor": "h100"}, {"gpu_flavor": "a100"}, {})
+        make_template(world, entrypoint=show_devices(sleep), worker_groups=groups, **flavor)
+        for flavor, sleep in (({"gpu_flavor": "h100"}, 15), ({"gpu_flavor": "a100"}, 15), ({}, 0))
     )
     first, second, third = submit(world, h100), submit(world, a100), submit(world, anyone)
     wait_for(first, {"running"})
