@@ -110,20 +110,31 @@ def promised_jobs(organization_id: int, queued) -> list[Job]:
     others still in their grace period: what those hold is promised to them.
 
     Every admission pass asks, and almost always there are none: the ids are found by one
-    plain statement first, and ``queued`` is read only when there are some."""
-    attempts, jobs = JobAttempt._meta.db_table, Job._meta.db_table
-    active = sorted(ATTEMPT_ACTIVE)
+    plain statement first, and ``queued`` is read only when there are some. That statement
+    starts from the organisation's jobs in their grace period (a victim is always of the
+    claimant's organisation), read first whatever the planner's statistics say: started from
+    the queued side, as PostgreSQL planned it when a fast-grown queue was not yet analysed, it
+    walked every queued job (116 ms a pass at 100,000 queued, against 5 ms at 10,000)."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT a.preempted_for_id FROM {attempts} a "
-            f"JOIN {jobs} leaving ON leaving.id = a.job_id "
-            f"JOIN {jobs} promised ON promised.id = a.preempted_for_id "
-            f"WHERE leaving.state = %s AND a.state IN ({', '.join(['%s'] * len(active))}) "
-            "AND promised.organization_id = %s AND promised.state = %s",
-            [JobState.PREEMPTING, *active, organization_id, JobState.QUEUED],
-        )
+        cursor.execute(*promised_statement(organization_id))
         ids = {row[0] for row in cursor.fetchall()}
     return list(queued.filter(pk__in=ids)) if ids else []
+
+
+def promised_statement(organization_id: int) -> tuple[str, list]:
+    """The statement :func:`promised_jobs` runs: the ids of the queued jobs of the organisation
+    that jobs in their grace period were preempted for."""
+    attempts, jobs = JobAttempt._meta.db_table, Job._meta.db_table
+    active = sorted(ATTEMPT_ACTIVE)
+    sql = (
+        f"WITH leaving AS MATERIALIZED (SELECT id FROM {jobs} "
+        "WHERE organization_id = %s AND state = %s) "
+        f"SELECT a.preempted_for_id FROM {attempts} a "
+        "JOIN leaving ON leaving.id = a.job_id "
+        f"JOIN {jobs} promised ON promised.id = a.preempted_for_id "
+        f"WHERE a.state IN ({', '.join(['%s'] * len(active))}) AND promised.state = %s"
+    )
+    return sql, [organization_id, JobState.PREEMPTING, *active, JobState.QUEUED]
 
 
 class _Candidates:
