@@ -18,17 +18,24 @@ from django.utils import timezone
 from jobs.admission import DatabaseQueue
 from jobs.models import Job
 from jobs.preemption import _queued_before, overdue_statement, promised_statement
+from tests import factories as f
 from tests.test_query_budgets import queued_in_bulk
 
 QUEUED = 3000
 LONGER = 20_000
 
 
+def plan_of(sql: str, params: list, *, buffers: bool = False) -> dict:
+    """The statement's plan as PostgreSQL ran it (EXPLAIN ANALYZE, with the pages it read)."""
+    options = "ANALYZE, BUFFERS, FORMAT JSON" if buffers else "ANALYZE, FORMAT JSON"
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN ({options}) {sql}", params)
+        ((plan,),) = cursor.fetchall()[0]
+    return plan["Plan"]
+
+
 def rows_touched(sql: str, params: list) -> int:
     """Rows every node of the statement's plan produced or filtered out, over all its loops."""
-    with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
-        ((plan,),) = cursor.fetchall()[0]
 
     def walk(node: dict) -> int:
         loops = node.get("Actual Loops", 1)
@@ -36,7 +43,15 @@ def rows_touched(sql: str, params: list) -> int:
         own += node.get("Rows Removed by Join Filter", 0)
         return own * loops + sum(walk(child) for child in node.get("Plans", []))
 
-    return walk(plan["Plan"])
+    return walk(plan_of(sql, params))
+
+
+def blocks_read(sql: str, params: list) -> int:
+    """Pages of tables and indexes the statement read (from shared buffers or not): what walking
+    an index costs, which the rows of a plan do not show (a condition on a later column of the
+    index is checked as the scan walks it)."""
+    plan = plan_of(sql, params, buffers=True)
+    return plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)
 
 
 @pytest.fixture
@@ -50,21 +65,18 @@ def test_the_workspaces_with_a_queue_are_found_without_reading_the_queue(long_qu
     workspaces = DatabaseQueue(org).workspace_ids()
     assert list(workspaces) == [long_queue.ws.pk]
     assert rows_touched(*workspaces.query.sql_with_params()) < 50
+    # A workspace whose only queued job the pass has dealt with already is not listed.
+    other = f.WorkspaceFactory(organization=long_queue.org)
+    one = Job.objects.filter(workspace=long_queue.ws).first()
+    one.pk, one.workspace = None, other
+    one.save()
+    assert set(DatabaseQueue(org).workspace_ids()) == {long_queue.ws.pk, other.pk}
+    assert list(DatabaseQueue(org, exclude=[one.pk]).workspace_ids()) == [long_queue.ws.pk]
 
 
 def test_the_jobs_promised_capacity_are_found_without_reading_the_queue(long_queue):
     sql, params = promised_statement(long_queue.org.pk)
     assert rows_touched(sql, params) < 50
-
-
-def blocks_read(sql: str, params: list) -> int:
-    """Pages of tables and indexes the statement read (from shared buffers or not): what walking
-    an index costs, which the rows of a plan do not show (a condition on a later column of the
-    index is checked as the scan walks it)."""
-    with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
-        ((plan,),) = cursor.fetchall()[0]
-    return plan["Plan"].get("Shared Hit Blocks", 0) + plan["Plan"].get("Shared Read Blocks", 0)
 
 
 def test_whether_anyone_waited_long_enough_is_answered_without_reading_the_queue(world, template):
