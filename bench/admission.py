@@ -124,8 +124,12 @@ def build(queued: int, shape: str = "flat", fair_preemption: bool = False):
         )
         template = job_services.template_create(actor=system, workspace=ws, name="t", spec=spec)
         versions.append((ws, template))
-    # With fair-share preemption, every job has waited past the limit: each pass looks for
-    # preemptions (and finds none: every workspace holds its fair allocation).
+    if fair_preemption:
+        hog(org, versions[0], owner)
+    # With fair-share preemption, every job has waited past the limit, and the first workspace
+    # holds twice its fair allocation (``hog``): each pass reads every workspace's next job and
+    # what it has queued, works out the fair allocations, and finds no victim (the one job
+    # above its fair allocation is within its minimum runtime).
     start = timezone.now() - timezone.timedelta(hours=1 if fair_preemption else 0)
     resolved = {
         **spec,
@@ -161,6 +165,34 @@ def build(queued: int, shape: str = "flat", fair_preemption: bool = False):
             batch = []
     Job.objects.bulk_create(batch)
     return org
+
+
+def hog(org, version: tuple, owner) -> None:
+    """A job of ``version``'s workspace holding twice the workspace's share of the CPUs, within
+    its minimum runtime (it is never a victim): admitted before anything else is queued."""
+    from django.utils import timezone
+
+    from jobs import admission
+    from jobs.models import Job, JobState
+
+    ws, template_version = version
+    spec = {**template_version.spec, "min_runtime_seconds": 3600, "priority": 5}
+    job = Job.objects.create(
+        organization=org,
+        workspace=ws,
+        template_version=template_version,
+        name="hog",
+        state=JobState.QUEUED,
+        spec=spec,
+        requested_cpu=2 * CAPACITY / WORKSPACES,
+        requested_memory_gb=0,
+        requested_gpu=0,
+        priority=5,
+        submitted_by=owner,
+        queued_at=timezone.now(),
+    )
+    if admission.admit(org.pk) != [job.pk]:
+        raise RuntimeError("the first workspace's job was not admitted")
 
 
 def finish(job_ids: list[int]) -> None:
@@ -232,7 +264,8 @@ def main() -> None:
     parser.add_argument(
         "--fair-preemption",
         action="store_true",
-        help="the organisation preempts for fair shares, and every job is overdue",
+        help="the organisation preempts for fair shares, every job is overdue, and one "
+        "workspace holds twice its fair allocation",
     )
     args = parser.parse_args()
     # The jobs never launch: the host's own capacity (a few CPUs) must not be what binds.

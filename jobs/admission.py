@@ -448,19 +448,18 @@ def _admit_locked(
     promised = promised_jobs(organization_id, _scan(_queued(organization_id)))
     for job in promised:
         ledger.hold(job)
-    done = {job.pk for job in promised}
+    done = {job.pk: job for job in promised}
     chosen: list[Job] = []
-    if first := set(first) - done:
+    if first := set(first) - done.keys():
         for job in _scan(_queued(organization_id).filter(pk__in=first)):
-            done.add(job.pk)
+            done[job.pk] = job
             if not ledger.blocker(job):
                 ledger.hold(job)
                 chosen.append(job)
     queue = DatabaseQueue(organization_id, exclude=done)
     chosen += plan(ledger, organization_id, policy, max_wait, queue=queue)
     if quota and quota.preemption:
-        done |= {job.pk for job in chosen}
-        queued = _queued(organization_id).exclude(pk__in=done)
+        done |= {job.pk: job for job in chosen}
         grace = Organization.objects.values_list("preemption_grace_seconds", flat=True).get(
             pk=organization_id
         )
@@ -468,7 +467,7 @@ def _admit_locked(
             max_wait if quota.fair_share_preemption and policy == QueuePolicy.FAIR_SHARE else None
         )
         preemptions = plan_preemptions(
-            ledger, organization_id, queued, now=timezone.now(), fair_after=fair_after
+            ledger, organization_id, done, now=timezone.now(), fair_after=fair_after
         )
         for preemption in preemptions:
             leaving = attempts_preempt(

@@ -82,11 +82,14 @@ ACTIVE_STATES = frozenset({JobState.LAUNCHING, JobState.RUNNING, JobState.PREEMP
 
 
 class Job(models.Model):
+    # No index of their own: the composite indexes below start with each (a second one would
+    # cost every insert and state change, and lets the planner read a workspace's queue
+    # unordered and sort all of it to find its first job).
     organization = models.ForeignKey(
-        "workspaces.Organization", on_delete=models.PROTECT, related_name="+"
+        "workspaces.Organization", on_delete=models.PROTECT, related_name="+", db_index=False
     )
     workspace = models.ForeignKey(
-        "workspaces.Workspace", on_delete=models.PROTECT, related_name="jobs"
+        "workspaces.Workspace", on_delete=models.PROTECT, related_name="jobs", db_index=False
     )
     # None for an ad-hoc job (submitted with a spec of its own, where the workspace allows it).
     template_version = models.ForeignKey(
@@ -125,7 +128,6 @@ class Job(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [
-            models.Index(fields=["workspace", "state"], name="job_ws_state_idx"),
             # the admission order, read in chunks: per organisation and per workspace
             models.Index(
                 fields=["organization", "state", "-priority", "queued_at", "id"],

@@ -19,17 +19,19 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
+from collections.abc import Collection, Mapping
 
 from django.db import connection
-from django.db.models import F, IntegerField, OuterRef, Subquery, Sum, Value, Window
+from django.db.models import F, IntegerField, OuterRef, Subquery, Value
 from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast, Coalesce, Least, RowNumber
+from django.db.models.functions import Cast, Coalesce, Least
 
 from quotas import selectors as quota_selectors
 from quotas.fairness import fair_allocation, unfairness
 from quotas.ledger import EPSILON, Held, Ledger, victims_for
 from quotas.models import RESOURCES
 from quotas.tree import ROOT
+from workspaces.models import Workspace
 
 from .models import ATTEMPT_ACTIVE, Job, JobAttempt, JobState
 
@@ -168,13 +170,13 @@ class _Candidates:
 def plan_preemptions(
     ledger: Ledger,
     organization_id: int,
-    queued,
+    dealt: Mapping[int, Job],
     *,
     now: dt.datetime,
     fair_after: float | None = None,
 ) -> list[Preemption]:
-    """Give guarantees back: for each workspace whose next queued job (of ``queued``, the
-    organisation's queue without the jobs already admitted or promised) fits within its
+    """Give guarantees back: for each workspace whose next queued job (of the organisation's
+    queue without ``dealt``, the jobs the pass already admitted or promised, by id) fits within its
     guarantee but not in what is left, preempt running jobs of workspaces above their guarantee
     (borrowers) until it fits. One job per workspace per pass; the requeued victims trigger the
     next pass. Victims never come from a workspace within its guarantee, and a job that fits
@@ -196,7 +198,7 @@ def plan_preemptions(
     for workspace_id in list(ledger.ws_quotas) if ledger.anyone_borrowing() else []:
         if not ledger.under_guarantee(workspace_id):
             continue  # at or above its guarantee: it has nothing to take back
-        job = queued.filter(workspace_id=workspace_id).select_related("workspace").first()
+        job = _waiting(workspace_id, dealt).select_related("workspace").first()
         if job is None or not ledger.within_guarantee(job) or ledger.workspace_blocker(job):
             continue
         if not ledger.reclaimable_blocker(job):
@@ -215,11 +217,11 @@ def plan_preemptions(
         preemptions.append(Preemption(job, victims))
         candidates.drop(victims)
     if fair_after is not None:
-        planned = {preemption.job.pk for preemption in preemptions}
+        planned = {preemption.job.pk: preemption.job for preemption in preemptions}
         preemptions += _plan_fair(
             ledger,
             organization_id,
-            queued.exclude(pk__in=planned),
+            {**dealt, **planned},
             candidates,
             now,
             now - dt.timedelta(seconds=fair_after),
@@ -233,7 +235,7 @@ def plan_preemptions(
 def _plan_fair(
     ledger: Ledger,
     organization_id: int,
-    queued,
+    dealt: Mapping[int, Job],
     candidates: _Candidates,
     now: dt.datetime,
     cutoff: dt.datetime,
@@ -264,9 +266,9 @@ def _plan_fair(
         return []  # nobody can be a victim: the queue is not read
     if not _queued_before(organization_id, cutoff):
         return []  # nobody has waited long enough to claim
-    demand = queued_demand(queued)
-    heads = [job for job in workspace_heads(queued) if job.queued_at < cutoff]
-    fair = {name: _fair(ledger, demand, name) for name in capped}
+    heads = workspace_heads(organization_id, dealt)
+    fair = fair_allocations(ledger, heads, dealt, capped)
+    heads = [job for job in heads if job.queued_at < cutoff]
     preemptions: list[Preemption] = []
     for job in sorted(heads, key=lambda job: _share(ledger, fair, job.workspace_id)):
         short = _org_short(ledger, job)
@@ -339,15 +341,23 @@ def _org_short(ledger: Ledger, job: Job) -> list[str]:
     return [name for _, name, _ in shortages]
 
 
-def _fair(ledger: Ledger, demand: dict[int, dict[str, float]], name: str) -> dict[int, float]:
+def _fair(
+    ledger: Ledger,
+    demand: dict[int, dict[str, float]],
+    name: str,
+    unbounded: Collection[int] = (),
+) -> dict[int, float]:
     """Each workspace's fair allocation of ``name``: its demand is what it holds and what it
-    has queued, its weight its guarantee (equal weights when nobody is guaranteed any)."""
+    has queued (without bound for the workspaces in ``unbounded``), its weight its guarantee
+    (equal weights when nobody is guaranteed any)."""
     wants = {
         ws: getattr(usage, name) + demand.get(ws, {}).get(name, 0.0)
         for ws, usage in ledger.ws.items()
     }
     for ws, amounts in demand.items():
         wants.setdefault(ws, amounts[name])
+    for ws in unbounded:
+        wants[ws] = math.inf
     weight = {ws: ledger.guarantee(ws)[name] for ws in wants}  # 0 without a quota row
     if not any(weight.values()):
         weight = dict.fromkeys(wants, 1.0)
@@ -432,19 +442,110 @@ def _fair_victims(
     return None
 
 
-def workspace_heads(queued):
-    """Each workspace's next job of ``queued`` (in base order: priority, then time queued):
-    one query, however many workspaces."""
-    rank = Window(
-        RowNumber(),
-        partition_by=[F("workspace_id")],
-        order_by=[F("priority").desc(), F("queued_at").asc(), F("id").asc()],
+def _waiting(workspace_id, dealt: Collection[int]):
+    """A workspace's queued jobs but ``dealt``, in base order: read through the workspace's
+    queue index (the organisation's would walk every workspace's queue to find one's)."""
+    return (
+        Job.objects.filter(workspace_id=workspace_id, state=JobState.QUEUED)
+        .exclude(pk__in=list(dealt))
+        .order_by("-priority", "queued_at", "id")
     )
-    return queued.annotate(rank=rank).filter(rank=1).select_related("workspace").order_by("id")
 
 
-def queued_demand(queued) -> dict[int, dict[str, float]]:
-    """What each workspace has queued (of ``queued``), per resource: one grouped query."""
-    sums = {name: Sum(f"requested_{name}") for name in RESOURCES}
-    rows = queued.order_by().values("workspace_id").annotate(**sums)
-    return {row.pop("workspace_id"): row for row in rows}
+def workspace_heads(organization_id: int, dealt: Collection[int]) -> list[Job]:
+    """Each workspace's next queued job but ``dealt`` (in base order: priority, then time
+    queued): one query, an index probe per workspace of the organisation, however long their
+    queues (a window over the queue sorted all of it)."""
+    ids = [pk for pk in heads_query(organization_id, dealt) if pk is not None]
+    # Read by id in a statement of their own: as a subquery of the jobs' read, PostgreSQL with
+    # statistics that had not seen a fast-grown queue yet read every job to match them.
+    return list(Job.objects.filter(pk__in=ids).select_related("workspace").order_by("id"))
+
+
+def heads_query(organization_id: int, dealt: Collection[int]):
+    """The ids of the heads: the organisation's workspaces, each with its first queued job."""
+    first = _waiting(OuterRef("pk"), dealt).values("pk")[:1]
+    heads = Workspace.objects.filter(organization_id=organization_id).annotate(head=Subquery(first))
+    return heads.order_by().values_list("head", flat=True)
+
+
+DEMAND_CHUNK = 16  # queued jobs per workspace the first read sums; each further read 8 × more
+
+
+def fair_allocations(
+    ledger: Ledger, heads: list[Job], dealt: Mapping[int, Job], names: list[str]
+) -> dict[str, dict[int, float]]:
+    """Each workspace's fair allocation of each of ``names`` (:func:`_fair`), with the queues of
+    the workspaces of ``heads`` (those with a job waiting but ``dealt``) read only as far as the
+    allocation depends on them.
+
+    A workspace's demand matters only up to what water filling would give it: once the jobs
+    read of its queue add up to more than it would get were its queue endless, the rest cannot
+    change anyone's allocation (the level only rises as workspaces are satisfied, so one still
+    wanting more at the last level wanted more at every level before). So each workspace's
+    queue is summed over its first :data:`DEMAND_CHUNK` jobs (an index probe each, one
+    statement), the allocations are worked out with the workspaces read only in part taken as
+    wanting without end, and the queues of those that would get more than was read are read
+    again, 8 times as far, until none would. A pass's cost follows the workspaces and what
+    they may get, not the length of their queues (a sum grouped over the queue read all of
+    it). ``dealt`` jobs are still queued in the table: their requests are taken off."""
+    taken: dict[int, dict[str, float]] = {}
+    for job in dealt.values():
+        amounts = taken.setdefault(job.workspace_id, dict.fromkeys(names, 0.0))
+        for name in names:
+            amounts[name] += getattr(job, f"requested_{name}")
+    demand: dict[int, dict[str, float]] = {}
+    pending, limit = sorted({job.workspace_id for job in heads}), DEMAND_CHUNK
+    while True:
+        partial = set()
+        for ws, count, *sums in _queue_sums(pending, names, limit) if pending else ():
+            off = taken.get(ws, {})
+            demand[ws] = {
+                name: max(0.0, float(total or 0) - off.get(name, 0.0))
+                for name, total in zip(names, sums, strict=True)
+            }
+            if count >= limit:
+                partial.add(ws)
+        fair = {name: _fair(ledger, demand, name, partial) for name in names}
+        pending = sorted(
+            ws
+            for ws in partial
+            if any(
+                fair[name].get(ws, 0.0) > _holds(ledger, ws, name) + demand[ws][name] + EPSILON
+                for name in names
+            )
+        )
+        if not pending:
+            return fair
+        limit *= 8
+
+
+def _holds(ledger: Ledger, workspace_id: int, name: str) -> float:
+    usage = ledger.ws.get(workspace_id)
+    return getattr(usage, name) if usage is not None else 0.0
+
+
+def _queue_sums(workspace_ids: list[int], names: list[str], limit: int) -> list[tuple]:
+    """For each workspace: how many of its queued jobs were read (at most ``limit``) and the
+    sum of their requests of each of ``names``, each sum over at most ``limit`` of them (an
+    index probe per workspace and sum). Which jobs does not matter: all of them when fewer
+    than ``limit`` are queued, else a part that only bounds the whole from below."""
+    with connection.cursor() as cursor:
+        cursor.execute(*queue_sums_statement(workspace_ids, names, limit))
+        return cursor.fetchall()
+
+
+def queue_sums_statement(
+    workspace_ids: list[int], names: list[str], limit: int
+) -> tuple[str, list]:
+    """The statement :func:`_queue_sums` runs."""
+    jobs, workspaces = Job._meta.db_table, Workspace._meta.db_table
+    first = f"FROM {jobs} j WHERE j.workspace_id = w.id AND j.state = %s LIMIT %s"
+    columns = [f"(SELECT COUNT(*) FROM (SELECT 1 {first}) t)"] + [
+        f"(SELECT SUM(t.v) FROM (SELECT j.requested_{name} AS v {first}) t)" for name in names
+    ]
+    sql = (
+        f"SELECT w.id, {', '.join(columns)} FROM {workspaces} w "
+        f"WHERE w.id IN ({', '.join(['%s'] * len(workspace_ids))})"
+    )
+    return sql, [JobState.QUEUED, limit] * len(columns) + list(workspace_ids)

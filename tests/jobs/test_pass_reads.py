@@ -1,11 +1,12 @@
 """The reads every admission pass makes, whatever it admits — which workspaces have a queue, which
 queued jobs a preemption promised capacity to, and (under fair-share preemption) whether anyone
-has waited long enough to claim — touch rows in proportion to what they find, not to the length
-of the queue. PostgreSQL counts the rows or pages they read (EXPLAIN ANALYZE), with the queue
-grown in bulk and not analysed since, as a queue that grew fast is: the planner then believes it
-holds one row. Before, one read walked every queued job, one took them all for a DISTINCT and
-one walked the queue's index when nobody was overdue: the first two made a pass's cost per job
-grow by a quarter from 10,000 to 100,000 queued (bench/admission.py)."""
+has waited long enough to claim, each workspace's next job and what it has queued — touch rows
+in proportion to what they find, not to the length of the queue. PostgreSQL counts the rows or
+pages they read (EXPLAIN ANALYZE), with the queue grown in bulk and not analysed since, as a
+queue that grew fast is: the planner then believes it holds one row. Before, one read walked
+every queued job, one took them all for a DISTINCT and one walked the queue's index when nobody
+was overdue: the first two made a pass's cost per job grow by a quarter from 10,000 to 100,000
+queued (bench/admission.py). The last two sorted the whole queue and summed it."""
 
 from __future__ import annotations
 
@@ -13,12 +14,25 @@ import datetime as dt
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from jobs.admission import DatabaseQueue
+from jobs.admission import DatabaseQueue, ledger_for
 from jobs.models import Job
-from jobs.preemption import _queued_before, overdue_statement, promised_statement
+from jobs.preemption import (
+    _queue_sums,
+    _queued_before,
+    fair_allocations,
+    heads_query,
+    overdue_statement,
+    promised_statement,
+    queue_sums_statement,
+    workspace_heads,
+)
+from quotas.fairness import fair_allocation
 from tests import factories as f
+from tests.quotas.test_admission import queue_job, setup_quota, two_workspaces  # noqa: F401
+from tests.quotas.test_preemption import guarantee, run
 from tests.test_query_budgets import queued_in_bulk
 
 QUEUED = 3000
@@ -94,3 +108,72 @@ def test_whether_anyone_waited_long_enough_is_answered_without_reading_the_queue
     # nobody queued before the cutoff: a probe per priority (a range over the index read
     # 144-443 pages here)
     assert blocks_read(*overdue_statement(org, oldest - dt.timedelta(days=1))) < 30
+
+
+def copies(job_id: int, n: int) -> list[int]:
+    """``n`` more queued jobs like ``job_id``, inserted in one go, queued after it."""
+    one = Job.objects.get(pk=job_id)
+    fields = [field.attname for field in Job._meta.concrete_fields if not field.primary_key]
+    later = [one.queued_at + dt.timedelta(seconds=i + 1) for i in range(n)]
+    rows = [
+        Job(**{**{name: getattr(one, name) for name in fields}, "queued_at": at}) for at in later
+    ]
+    return [job.pk for job in Job.objects.bulk_create(rows)]
+
+
+def test_fair_shares_read_each_queue_only_as_far_as_they_depend_on_it(
+    two_workspaces,  # noqa: F811
+):
+    """Under fair-share preemption, each workspace's next job and its fair allocation are found
+    from the first few jobs of each queue: the allocations are those of the whole queues."""
+    world, spaces, templates = two_workspaces
+    ml, other = spaces["ml"], spaces["other"]
+    guarantee(ml, 1)
+    guarantee(other, 3)
+    setup_quota(world, 40, "fair_share", preemption=True, fair_share_preemption=True)
+    run(world, other, templates["other"], 2, minutes_ago=90)
+    first = queue_job(world, ml, templates["ml"], 1, minutes_ago=60)
+    ml_jobs = [first, *copies(first, LONGER // 200 - 1)]  # 100 jobs of 1 GPU
+    theirs = queue_job(world, other, templates["other"], 2, minutes_ago=30)
+    copies(theirs, 4)  # 5 of 2 GPUs
+    ledger = ledger_for(world.org.pk)
+
+    def whole(dealt) -> dict[int, float]:
+        """The fair allocations from every queued job (all but ``dealt``), summed in Python."""
+        queued = Job.objects.filter(organization=world.org, state="queued").exclude(pk__in=dealt)
+        wants = {ml.pk: 0.0, other.pk: 2.0}
+        for ws, gpu in queued.values_list("workspace_id", "requested_gpu"):
+            wants[ws] += gpu
+        return fair_allocation(wants, {ml.pk: 1.0, other.pk: 3.0}, 40.0)
+
+    heads = workspace_heads(world.org.pk, {})
+    assert [job.pk for job in heads] == [first, theirs]
+    # ml wants 100, other 2 + 10: other gets its 12, ml the 28 left, more than the first read
+    # of ml's queue (16 jobs) could show: ml's queue is read again, further
+    expected = whole({})
+    assert expected == pytest.approx({ml.pk: 28.0, other.pk: 12.0})
+    with CaptureQueriesContext(connection) as reads:
+        assert fair_allocations(ledger, heads, {}, ["gpu"]) == {"gpu": expected}
+    assert len(reads) == 2
+    # The jobs a pass dealt with already are left out: 90 of ml's leave it wanting 10, which
+    # the first read (16 jobs, 90 of them dealt with) cannot bound, so it reads further too.
+    dealt = {pk: job for pk, job in Job.objects.in_bulk(ml_jobs[:90]).items()}
+    heads = workspace_heads(world.org.pk, dealt)
+    assert [job.pk for job in heads] == [ml_jobs[90], theirs]
+    assert fair_allocations(ledger, heads, dealt, ["gpu"]) == {"gpu": whole(dealt)}
+    assert whole(dealt)[ml.pk] == pytest.approx(10.0)
+
+
+def test_each_workspaces_next_job_and_queue_are_read_without_reading_the_queue(long_queue):
+    """With the queue grown in bulk and not analysed: the heads are an index probe per
+    workspace (a window over the queue sorted all of it), and a read of a workspace's queue
+    touches as many jobs as it was asked to (a grouped sum read them all)."""
+    org, ws = long_queue.org.pk, long_queue.ws.pk
+    f.WorkspaceFactory(organization=long_queue.org)  # with nothing queued
+    query = heads_query(org, {})
+    assert [job.workspace_id for job in workspace_heads(org, {})] == [ws]
+    assert rows_touched(*query.query.sql_with_params()) < 50
+    ((_, count, gpu, cpu),) = _queue_sums([ws], ["gpu", "cpu"], 16)
+    one = Job.objects.filter(workspace_id=ws).first()
+    assert (count, gpu, cpu) == (16, 16 * one.requested_gpu, 16 * one.requested_cpu)
+    assert rows_touched(*queue_sums_statement([ws], ["gpu", "cpu"], 16)) < 3 * 16 * 3
