@@ -237,11 +237,24 @@ def _holds_in_a_row(ahead: int, running: int) -> int:
 def _remaining(runtime: Runtime, elapsed: float) -> list[float]:
     """What a job that has held its reservation for ``elapsed`` seconds may still hold it for,
     ascending: the rest of each run of its history that lasted longer than that (those are the
-    runs it can still turn out to be); past them all, its deadline."""
+    runs it can still turn out to be); with no history, its deadline.
+
+    Past every run of its history, the history says nothing of how much longer: the job is
+    taken to be in a heavy tail, where what has lasted ``elapsed`` lasts as long again as often
+    as not (a Pareto tail of index 1, Gott's estimate: its rest exceeds ``elapsed`` · q ÷ (1 − q)
+    with probability 1 − q), capped by its deadline. Until its deadline (OpenB's tasks have
+    none below 150 days) every such job was expected to hold for months, and a job waiting
+    behind a few of them was predicted to wait months."""
+    left = max(0.0, runtime.cap - elapsed)
     longer = runtime.runs[bisect.bisect_right(runtime.runs, elapsed) :]
+    if not runtime.runs:
+        return [left]
     if not longer:
-        return [max(0.0, runtime.cap - elapsed)]
+        return [min(left, elapsed * q / (1 - q)) for q in _TAIL]
     return [run - elapsed for run in longer]
+
+
+_TAIL = [(i + 0.5) / HISTORY_RUNS for i in range(HISTORY_RUNS)]  # quantiles of a rest past all runs
 
 
 def _release_times(rests: list[list[float]]) -> list[tuple[float, float]]:

@@ -199,6 +199,22 @@ def test_a_job_past_its_median_is_expected_at_its_p90_and_history_is_capped(worl
     assert seconds_after(now, prediction.predict_start(waiting, now=now).p90) == MAX_RUNTIME - 500
 
 
+def test_a_job_past_every_run_of_its_history_is_expected_to_last_as_long_again(world, gpu_template):
+    """Its history says nothing of how much longer: as long again as it has run at the median
+    (the heavy tail's estimate), nine times that at p90, never past its max runtime."""
+    history(gpu_template, [100, 150, 200])
+    capacity(world, 2)
+    now = timezone.now()
+    run_for(world, gpu_template, seconds_ago=250, now=now)  # past all three runs
+    waiting = submit(world, gpu_template)
+    predicted = prediction.predict_start(waiting, now=now)
+    assert 240 <= seconds_after(now, predicted.p50) <= 260
+    assert 8 * 250 <= seconds_after(now, predicted.p90) <= 10 * 250  # to the quantiles' spacing
+    rests = prediction._remaining(prediction._runtime([100.0, 150.0, 200.0], 3000), 2000)
+    assert max(rests) == 1000  # the max runtime is when Manta ends it
+    assert prediction._quantile(rests, 0.5) == 1000
+
+
 def test_without_history_a_job_is_expected_to_run_to_its_max_runtime(world, gpu_template):
     capacity(world, 2)
     now = timezone.now()
