@@ -234,6 +234,9 @@ def _holds_in_a_row(ahead: int, running: int) -> int:
     return max(1, min(MAX_SUM_DRAWS, math.ceil(ahead / max(1, running))))
 
 
+_TAIL = [(i + 0.5) / HISTORY_RUNS for i in range(HISTORY_RUNS)]  # quantiles of a rest past all runs
+
+
 def _remaining(runtime: Runtime, elapsed: float) -> list[float]:
     """What a job that has held its reservation for ``elapsed`` seconds may still hold it for,
     ascending: the rest of each run of its history that lasted longer than that (those are the
@@ -252,9 +255,6 @@ def _remaining(runtime: Runtime, elapsed: float) -> list[float]:
     if not longer:
         return [min(left, elapsed * q / (1 - q)) for q in _TAIL]
     return [run - elapsed for run in longer]
-
-
-_TAIL = [(i + 0.5) / HISTORY_RUNS for i in range(HISTORY_RUNS)]  # quantiles of a rest past all runs
 
 
 def _release_times(rests: list[list[float]]) -> list[tuple[float, float]]:

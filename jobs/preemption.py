@@ -485,44 +485,44 @@ def fair_allocations(
     wanting more at the last level wanted more at every level before). So each workspace's
     queue is summed over its first :data:`DEMAND_CHUNK` jobs (an index probe each, one
     statement), the allocations are worked out with the workspaces read only in part taken as
-    wanting without end, and the queues of those that would get more than was read are read
-    again, 8 times as far, until none would. A pass's cost follows the workspaces and what
-    they may get, not the length of their queues (a sum grouped over the queue read all of
-    it). ``dealt`` jobs are still queued in the table: their requests are taken off."""
+    wanting without end (until their queue is read whole: another workspace read further may
+    raise the level past what was read of theirs), and the queues of those that would get more
+    than was read are read again, 8 times as far, until none would. A pass's cost follows the
+    workspaces and what they may get, not the length of their queues (a sum grouped over the
+    queue read all of it). ``dealt`` jobs are still queued in the table: their requests are
+    taken off."""
     taken: dict[int, dict[str, float]] = {}
     for job in dealt.values():
         amounts = taken.setdefault(job.workspace_id, dict.fromkeys(names, 0.0))
         for name in names:
             amounts[name] += getattr(job, f"requested_{name}")
     demand: dict[int, dict[str, float]] = {}
+    held = {name: _held(ledger, name) for name in names}
+    partial: set[int] = set()  # read in part: taken as wanting without end, whatever was read
     pending, limit = sorted({job.workspace_id for job in heads}), DEMAND_CHUNK
     while True:
-        partial = set()
         for ws, count, *sums in _queue_sums(pending, names, limit) if pending else ():
             off = taken.get(ws, {})
             demand[ws] = {
                 name: max(0.0, float(total or 0) - off.get(name, 0.0))
                 for name, total in zip(names, sums, strict=True)
             }
-            if count >= limit:
+            if count < limit:
+                partial.discard(ws)
+            else:
                 partial.add(ws)
         fair = {name: _fair(ledger, demand, name, partial) for name in names}
         pending = sorted(
             ws
             for ws in partial
             if any(
-                fair[name].get(ws, 0.0) > _holds(ledger, ws, name) + demand[ws][name] + EPSILON
+                fair[name].get(ws, 0.0) > held[name].get(ws, 0.0) + demand[ws][name] + EPSILON
                 for name in names
             )
         )
         if not pending:
             return fair
         limit *= 8
-
-
-def _holds(ledger: Ledger, workspace_id: int, name: str) -> float:
-    usage = ledger.ws.get(workspace_id)
-    return getattr(usage, name) if usage is not None else 0.0
 
 
 def _queue_sums(workspace_ids: list[int], names: list[str], limit: int) -> list[tuple]:

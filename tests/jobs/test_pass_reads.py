@@ -164,6 +164,29 @@ def test_fair_shares_read_each_queue_only_as_far_as_they_depend_on_it(
     assert whole(dealt)[ml.pk] == pytest.approx(10.0)
 
 
+def test_a_queue_read_in_part_stays_unbounded_while_another_is_read_further(
+    two_workspaces,  # noqa: F811
+):
+    """ml's first read (16 jobs of 2 GPUs: 32) covers what it would get (28 of 60) while
+    other's (16 of 1 GPU) does not: other is read further, wants only 20, and the level rises
+    to 36 for ml, more than ml's first read showed. ml must still count as wanting more than
+    was read, or it would be given 32."""
+    world, spaces, templates = two_workspaces
+    ml, other = spaces["ml"], spaces["other"]
+    third = f.WorkspaceFactory(organization=world.org, slug="third")
+    setup_quota(world, 60, "fair_share", preemption=True, fair_share_preemption=True)
+    first = queue_job(world, ml, templates["ml"], 2, minutes_ago=60)
+    copies(first, 99)  # 100 jobs of 2 GPUs
+    theirs = queue_job(world, other, templates["other"], 1, minutes_ago=50)
+    copies(theirs, 19)  # 20 jobs of 1 GPU
+    small = queue_job(world, third, templates["other"], 2, minutes_ago=40)
+    Job.objects.filter(pk=small).update(workspace=third)
+    copies(small, 1)  # 2 jobs of 2 GPUs
+    heads = workspace_heads(world.org.pk, {})
+    fair = fair_allocations(ledger_for(world.org.pk), heads, {}, ["gpu"])
+    assert fair["gpu"] == pytest.approx({ml.pk: 36.0, other.pk: 20.0, third.pk: 4.0})
+
+
 def test_each_workspaces_next_job_and_queue_are_read_without_reading_the_queue(long_queue):
     """With the queue grown in bulk and not analysed: the heads are an index probe per
     workspace (a window over the queue sorted all of it), and a read of a workspace's queue
