@@ -422,6 +422,10 @@ MANTA_INLINE_ADMISSION_MAX_QUEUED = _number(
 MANTA_FAIR_SHARE_HALF_LIFE_HOURS = _number(
     "MANTA_FAIR_SHARE_HALF_LIFE_HOURS", 24.0, low=0.01, high=87_600
 )
+# ``fair_share``: an overdue head beyond its guarantee gets a reservation in time only when the
+# running jobs' deadlines make room for it within this window (jobs/backfill.py; Slurm's
+# bf_window, whose default is a day too). 0: never.
+MANTA_BACKFILL_WINDOW_HOURS = _number("MANTA_BACKFILL_WINDOW_HOURS", 24.0, low=0, high=87_600)
 
 # Running jobs (jobs/attempts.py).
 MANTA_LOCAL_RAY_DIR = env.str("MANTA_LOCAL_RAY_DIR", default="/tmp/manta-ray")

@@ -25,7 +25,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Exists, F, IntegerField, OuterRef, Q
-from django.db.models.fields.json import KT, KeyTransform
+from django.db.models.fields.json import KT, KeyTextTransform, KeyTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -38,6 +38,7 @@ from workspaces.models import Organization, Workspace
 from . import dispatch
 from .accounting import gpu_hours, gpu_hours_by_flavor
 from .attempts import attempts_create, attempts_preempt
+from .backfill import Backfill, Deadline
 from .fair_tree import plan_fair_tree
 from .gpu_pools import gpu_pools
 from .local_host import HOST, workspaces_on_host
@@ -117,6 +118,22 @@ class DatabaseQueue:
         if workspace_id is None:
             return _scan(queued).iterator(chunk_size=QUEUE_CHUNK)
         return _scan(queued.filter(workspace_id=workspace_id)).iterator(chunk_size=64)
+
+    def deadlines(self) -> list[Deadline]:
+        """What the organisation holds, each reservation with its deadline: when it was
+        admitted plus its job's ``max_runtime_seconds`` (Manta ends the job by then, launch
+        aside). One read, made only by a pass that backfills around an overdue head."""
+        max_runtime = Cast(KeyTextTransform("max_runtime_seconds", "job__spec"), IntegerField())
+        rows = (
+            quota_selectors.active_reservations()
+            .filter(organization_id=self.organization_id)
+            .annotate(max_runtime=max_runtime)
+            .values_list("created_at", "max_runtime", *RESOURCES)
+        )
+        return [
+            (at + dt.timedelta(seconds=seconds or 0), dict(zip(RESOURCES, amounts, strict=True)))
+            for at, seconds, *amounts in rows
+        ]
 
     def workspace_ids(self) -> Iterable[int]:
         """The workspaces with queued jobs: for each of the organisation's workspaces, whether
@@ -224,13 +241,16 @@ def _plan_fair_share(
     job that needs them starts before it. Without that, a workspace's 4-GPU job within its
     guarantee would wait for ever behind a stream of 1-GPU jobs of workspaces that borrow
     (Slurm's backfill reservation, without run-time estimates). A job beyond its workspace's
-    guarantee holds nothing back: capacity would idle for a job nobody owes."""
+    guarantee holds nothing back outright: capacity would idle for a job nobody owes. The first
+    such head instead gets a reservation in time (``jobs/backfill.py``): later jobs that would
+    delay it past when the running jobs' deadlines make room for it wait."""
     if ledger.groups:
         return plan_fair_tree(
             ledger,
             queue,
             now,
             overdue=lambda job: _waited(job, now) > max_wait and _owed(ledger, job),
+            backfill=Backfill(ledger, now, max_wait, queue.deadlines),
         )
     queues = {ws: queue.jobs(ws) for ws in queue.workspace_ids()}
     # A heap of each workspace's head, keyed by its workspace's fair-share key: only the
@@ -244,6 +264,7 @@ def _plan_fair_share(
     admitted: list[Job] = []
     held_back: set[str] = set()
     held_flavors: set[str] = set()
+    backfill = Backfill(ledger, now, max_wait, queue.deadlines)
     while heap:
         *_, ws_id, job = heapq.heappop(heap)
         if any(job.requested[name] for name in held_back):
@@ -251,9 +272,13 @@ def _plan_fair_share(
         if ledger.blocker(job):
             if _waited(job, now) > max_wait and _owed(ledger, job):
                 hold_back_for(ledger, job, held_back, held_flavors)
+            else:
+                backfill.blocked(job, admitted)
             continue  # its head does not fit: the workspace waits this pass
         if ledger.takes_flavor(job, held_flavors):
             continue  # it would take a GPU of the flavor an overdue job waits for
+        if not backfill.lets(job):
+            continue  # it would delay an overdue head beyond its guarantee past its shadow time
         ledger.hold(job)
         admitted.append(job)
         following = next(queues[ws_id], None)

@@ -25,11 +25,18 @@ from typing import Any
 from quotas.ledger import Ledger
 from quotas.models import RESOURCES
 
+from .backfill import Backfill
+
 ROOT = None
 
 
 def plan_fair_tree(
-    ledger: Ledger, queue: Any, now: dt.datetime, *, overdue: Callable[[Any], bool]
+    ledger: Ledger,
+    queue: Any,
+    now: dt.datetime,
+    *,
+    overdue: Callable[[Any], bool],
+    backfill: Backfill | None = None,
 ) -> list[Any]:
     """The jobs to admit now, in admission order (``ledger`` is updated as they are held);
     ``queue`` as ``jobs.admission.plan`` takes it.
@@ -38,7 +45,9 @@ def plan_fair_tree(
     ``balanced_max_wait_seconds`` for capacity its workspace is owed) holds back, at each node
     it is short at, what it is short of: no later job under that node that needs it starts
     before it (``jobs/admission.py``'s flat ``fair_share`` does the same at the organisation).
-    Held back at a group, a resource stays free for the other subtrees."""
+    Held back at a group, a resource stays free for the other subtrees. Another head that does
+    not fit is handed to ``backfill`` (``jobs/backfill.py``), which may give it a reservation in
+    time that later jobs must not delay."""
     tree = ledger.tree
     heads: dict[int, Any] = {}
     queues: dict[int, Iterator[Any]] = {}
@@ -121,10 +130,15 @@ def plan_fair_tree(
                 held_flavors.update(flavors)
                 if short or not flavors:
                     held_back.update(short or {(ROOT, name) for name in RESOURCES})
+            elif backfill is not None:
+                backfill.blocked(job, admitted)
             drop(pk)  # its head does not fit: the workspace waits this pass
             continue
         if ledger.takes_flavor(job, held_flavors):
             drop(pk)  # it would take a GPU of the flavor an overdue job waits for
+            continue
+        if backfill is not None and not backfill.lets(job):
+            drop(pk)  # it would delay an overdue head past its shadow time
             continue
         ledger.hold(job)
         admitted.append(job)

@@ -36,7 +36,7 @@ import logging
 import math
 import random
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from django.conf import settings
 from django.core.cache import cache
@@ -106,6 +106,7 @@ class Running:
     ends: tuple[float, float]  # (p50, p90)
     gpu_flavor: str = ""  # the GPU flavor it holds
     since: float = 0.0  # when it was admitted, seconds from now (negative: in the past)
+    deadline: float = math.inf  # when Manta ends it at the latest (its max_runtime_seconds)
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -129,8 +130,9 @@ class SimulatedQueue:
     """The queue as :func:`admission.plan` reads it (see ``admission.DatabaseQueue``), held in
     memory in base order."""
 
-    def __init__(self, queued: list[Queued]):
+    def __init__(self, queued: list[Queued], deadlines: Callable[[], list] = list):
         self.queued = queued
+        self.deadlines = deadlines  # what the organisation holds, with deadlines (admission's)
 
     def jobs(self, workspace_id: int | None = None) -> Iterator[Queued]:
         if workspace_id is None:
@@ -354,6 +356,16 @@ def _queue(job: Job, now: dt.datetime) -> tuple[list[Queued], Queued | None]:
     return [*ahead, subject, *behind][:MAX_AHEAD], subject
 
 
+def _deadlines(releases: list[tuple], now: dt.datetime) -> list[tuple]:
+    """What the organisation holds in a replay, each with its deadline, as
+    ``admission.DatabaseQueue.deadlines`` reads them."""
+    return [
+        (now + dt.timedelta(seconds=held.deadline), held.requested)
+        for _, _, held in releases
+        if not held.foreign and math.isfinite(held.deadline)
+    ]
+
+
 def _running(organization_id: int, on_host: set[int]) -> list[tuple]:
     """The active reservations that can make room: the organisation's, and, when it launches
     on the shared local host, every organisation's there."""
@@ -559,7 +571,7 @@ def _replay(
             job.organization_id,
             policy,
             max_wait,
-            queue=SimulatedQueue(remaining),
+            queue=SimulatedQueue(remaining, lambda: _deadlines(releases, now)),
             now=at,
         )
         for admitted_job in admitted:
@@ -571,7 +583,13 @@ def _replay(
             runtime = runtimes.get(id(admitted_job)) or future.runtimes[id(admitted_job)]
             flavor = ledger.flavors.flavor_of(admitted_job) if ledger.flavors else ""
             hold = Running(
-                admitted_job.workspace_id, admitted_job.requested, False, (0, 0), flavor, clock
+                admitted_job.workspace_id,
+                admitted_job.requested,
+                False,
+                (0, 0),
+                flavor,
+                clock,
+                clock + admitted_job.max_runtime_seconds,
             )
             if quantile:
                 end = clock + runtime.p90
@@ -662,8 +680,10 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
         + [model.template_id for models in arrivals.jobs.values() for model in models]
     )
     rests, elapsed = [], []
+    deadlines = []
     for _, ws_id, created, max_runtime, template_id, *_ in rows:
         elapsed.append((now - created).total_seconds())
+        deadlines.append((max_runtime or 0) - elapsed[-1])
         runtime = _runtime(history.of(template_id, ws_id), max_runtime)
         rests.append(_remaining(runtime, elapsed[-1]))
     running = [
@@ -674,9 +694,10 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
             ends,
             flavor,
             -held,
+            deadline,
         )
-        for (org_id, ws_id, _, _, _, flavor, *amounts), ends, held in zip(
-            rows, _release_times(rests), elapsed, strict=True
+        for (org_id, ws_id, _, _, _, flavor, *amounts), ends, held, deadline in zip(
+            rows, _release_times(rests), elapsed, deadlines, strict=True
         )
     ]
     runtimes = {

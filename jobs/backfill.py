@@ -1,0 +1,134 @@
+"""Backfill around an overdue head beyond its guarantee: EASY backfilling (Lifka's, as Slurm's
+and Maui's backfill schedulers do it), with the jobs' runtime limits as their run times.
+
+Under ``fair_share`` a head that does not fit lets the other workspaces go first. For a head
+within its workspace's guarantee that has waited too long, admission holds back what it lacks
+outright (``jobs.admission.hold_back_for``). A head beyond its guarantee holds nothing back: a
+workspace whose jobs are larger than its share would otherwise keep every GPU it frees from
+going to anyone else. Without it, though, such a head starves: every GPU that frees up goes to
+a smaller job, and a workspace of 8-GPU jobs under a small guarantee waits for a moment when 8
+are free at once, which a busy organisation never has.
+
+So the first overdue head beyond its guarantee in a pass gets a reservation in time instead:
+its *shadow time* is when the deadlines of what the organisation holds (each reservation's
+admission plus its job's ``max_runtime_seconds``, past which Manta ends it) free enough of what
+it lacks; the *spare* is what is free then beyond its need. A later job that needs any of those
+resources may start only if it is sure to end by the shadow time (its own runtime limit), or
+if it fits in the spare (which it then uses up). Nothing admitted under the reservation can
+push the head past its shadow time, and everything that cannot delay it still runs: capacity
+idles only where the head will need it. Runtime limits overstate run times, so the head
+usually starts well before its shadow time, as soon as enough has freed up.
+
+A shadow time further away than ``MANTA_BACKFILL_WINDOW_HOURS`` (a day, as Slurm's
+``bf_window``) makes no reservation: with runtime limits of weeks it would hold capacity back
+for weeks (measured on the OpenB trace, where every limit is 150 days: docs/scheduling.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.conf import settings
+
+from quotas.ledger import EPSILON, Claim, Ledger
+from quotas.tree import ROOT
+
+# What the organisation holds, each with its deadline: (deadline, resources held).
+Deadline = tuple[dt.datetime, dict[str, float]]
+
+
+@dataclasses.dataclass
+class Shadow:
+    """One head's reservation in time: ``at``, when it is sure to fit; ``spare``, per resource
+    it lacks now, what is free at ``at`` beyond its need (used up by jobs that run past it)."""
+
+    at: dt.datetime
+    spare: dict[str, float]
+
+    def lets(self, job: Claim, now: dt.datetime) -> bool:
+        """Whether ``job``, which fits now, may start without delaying the head; when it may
+        only by using the spare, it uses it."""
+        needs = [name for name in self.spare if job.requested[name]]
+        if not needs:
+            return True
+        if now + dt.timedelta(seconds=job.max_runtime_seconds) <= self.at:
+            return True  # it has ended by the shadow time, whatever it runs for
+        if all(job.requested[name] <= self.spare[name] + EPSILON for name in needs):
+            for name in needs:
+                self.spare[name] -= job.requested[name]
+            return True
+        return False
+
+
+def shadow_for(
+    ledger: Ledger, head: Claim, held: Iterable[Deadline], until: dt.datetime
+) -> Shadow | None:
+    """The shadow time and spare of ``head``, which does not fit for want of the organisation's
+    capacity alone, given what the organisation holds (``held``, with their deadlines). None
+    when something else keeps it out (a quota group's limit, a max_running_jobs cap, a GPU
+    flavor) or when the deadlines free enough only after ``until``, or never."""
+    short = ledger.short_of(head)
+    if not short or ledger.org_quota is None:
+        return None
+    if any(node is not ROOT or name == "running" for node, name, _ in ledger.shortages(head)):
+        return None  # short at a quota group (what the organisation frees may not reach it),
+        # or of running jobs
+    free = {name: getattr(ledger.org_quota, name) - getattr(ledger.org, name) for name in short}
+    if all(free[name] + EPSILON >= head.requested[name] for name in short):
+        return None  # kept out by lending limits, not by what is held
+    for deadline, amounts in sorted(held, key=lambda item: item[0]):
+        if deadline > until:
+            return None
+        for name in short:
+            free[name] += amounts.get(name, 0.0)
+        if all(free[name] + EPSILON >= head.requested[name] for name in short):
+            return Shadow(deadline, {name: free[name] - head.requested[name] for name in short})
+    return None
+
+
+class Backfill:
+    """One pass's backfill around the first overdue head beyond its guarantee: the pass calls
+    :meth:`blocked` for each head that does not fit and asks :meth:`lets` of each job that
+    does. ``deadlines`` reads what the organisation holds with their deadlines, once, and only
+    when a head needs a shadow."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        now: dt.datetime,
+        max_wait: float,
+        deadlines: Callable[[], list[Deadline]],
+    ):
+        self.ledger, self.now, self.max_wait = ledger, now, max_wait
+        self._deadlines = deadlines
+        self._held: list[Deadline] | None = None
+        self.shadow: Shadow | None = None
+
+    def blocked(self, head: Any, admitted: list[Any]) -> None:
+        """``head`` does not fit: should it be the first overdue one beyond its guarantee that
+        waits only for the organisation's capacity, it gets the shadow (``admitted``: what the
+        pass admitted before it, held until their own deadlines)."""
+        if self.shadow is not None or self._waited(head) <= self.max_wait:
+            return
+        if not settings.MANTA_BACKFILL_WINDOW_HOURS:
+            return
+        if self.ledger.workspace_blocker(head) or self.ledger.within_guarantee(head):
+            return  # its own limits keep it out, or it is owed and held back for outright
+        if self._held is None:
+            self._held = self._deadlines()
+        runs = [(self._ends(job), job.requested) for job in admitted]
+        until = self.now + dt.timedelta(hours=settings.MANTA_BACKFILL_WINDOW_HOURS)
+        self.shadow = shadow_for(self.ledger, head, [*self._held, *runs], until)
+
+    def lets(self, job: Any) -> bool:
+        """Whether ``job``, which fits, may start (:meth:`Shadow.lets`)."""
+        return self.shadow is None or self.shadow.lets(job, self.now)
+
+    def _waited(self, job: Any) -> float:
+        return (self.now - (job.queued_at or self.now)).total_seconds()
+
+    def _ends(self, job: Any) -> dt.datetime:
+        return self.now + dt.timedelta(seconds=job.max_runtime_seconds)
