@@ -244,13 +244,17 @@ def _plan_fair_share(
     guarantee holds nothing back outright: capacity would idle for a job nobody owes. The first
     such head instead gets a reservation in time (``jobs/backfill.py``): later jobs that would
     delay it past when the running jobs' deadlines make room for it wait."""
+
+    def overdue(job: Job) -> bool:
+        return _waited(job, now) > max_wait
+
     if ledger.groups:
         return plan_fair_tree(
             ledger,
             queue,
             now,
-            overdue=lambda job: _waited(job, now) > max_wait and _owed(ledger, job),
-            backfill=Backfill(ledger, now, max_wait, queue.deadlines),
+            overdue=lambda job: overdue(job) and _owed(ledger, job),
+            backfill=Backfill(ledger, now, overdue, queue.deadlines),
         )
     queues = {ws: queue.jobs(ws) for ws in queue.workspace_ids()}
     # A heap of each workspace's head, keyed by its workspace's fair-share key: only the
@@ -264,13 +268,13 @@ def _plan_fair_share(
     admitted: list[Job] = []
     held_back: set[str] = set()
     held_flavors: set[str] = set()
-    backfill = Backfill(ledger, now, max_wait, queue.deadlines)
+    backfill = Backfill(ledger, now, overdue, queue.deadlines)
     while heap:
         *_, ws_id, job = heapq.heappop(heap)
         if any(job.requested[name] for name in held_back):
             continue  # it needs what a job ahead of it has waited too long for
         if ledger.blocker(job):
-            if _waited(job, now) > max_wait and _owed(ledger, job):
+            if overdue(job) and _owed(ledger, job):
                 hold_back_for(ledger, job, held_back, held_flavors)
             else:
                 backfill.blocked(job, admitted)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import heapq
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -67,7 +68,8 @@ def shadow_for(
     ledger: Ledger, head: Claim, held: Iterable[Deadline], until: dt.datetime
 ) -> Shadow | None:
     """The shadow time and spare of ``head``, which does not fit for want of the organisation's
-    capacity alone, given what the organisation holds (``held``, with their deadlines). None
+    capacity alone, given what the organisation holds (``held``, with their deadlines, in
+    deadline order: read only as far as it needs). None
     when something else keeps it out (a quota group's limit, a max_running_jobs cap, a GPU
     flavor) or when the deadlines free enough only after ``until``, or never."""
     short = ledger.short_of(head)
@@ -79,7 +81,7 @@ def shadow_for(
     free = {name: getattr(ledger.org_quota, name) - getattr(ledger.org, name) for name in short}
     if all(free[name] + EPSILON >= head.requested[name] for name in short):
         return None  # kept out by lending limits, not by what is held
-    for deadline, amounts in sorted(held, key=lambda item: item[0]):
+    for deadline, amounts in held:
         if deadline > until:
             return None
         for name in short:
@@ -99,36 +101,38 @@ class Backfill:
         self,
         ledger: Ledger,
         now: dt.datetime,
-        max_wait: float,
+        overdue: Callable[[Any], bool],
         deadlines: Callable[[], list[Deadline]],
     ):
-        self.ledger, self.now, self.max_wait = ledger, now, max_wait
+        self.ledger, self.now, self.overdue = ledger, now, overdue
         self._deadlines = deadlines
-        self._held: list[Deadline] | None = None
+        self._held: list[Deadline] | None = None  # read once, in deadline order
         self.shadow: Shadow | None = None
 
     def blocked(self, head: Any, admitted: list[Any]) -> None:
         """``head`` does not fit: should it be the first overdue one beyond its guarantee that
         waits only for the organisation's capacity, it gets the shadow (``admitted``: what the
         pass admitted before it, held until their own deadlines)."""
-        if self.shadow is not None or self._waited(head) <= self.max_wait:
+        if self.shadow is not None or not settings.MANTA_BACKFILL_WINDOW_HOURS:
             return
-        if not settings.MANTA_BACKFILL_WINDOW_HOURS:
+        if not self.overdue(head):
             return
         if self.ledger.workspace_blocker(head) or self.ledger.within_guarantee(head):
             return  # its own limits keep it out, or it is owed and held back for outright
         if self._held is None:
-            self._held = self._deadlines()
-        runs = [(self._ends(job), job.requested) for job in admitted]
+            self._held = sorted(self._deadlines(), key=_deadline)
+        runs = sorted(((self._ends(job), job.requested) for job in admitted), key=_deadline)
         until = self.now + dt.timedelta(hours=settings.MANTA_BACKFILL_WINDOW_HOURS)
-        self.shadow = shadow_for(self.ledger, head, [*self._held, *runs], until)
+        held = heapq.merge(self._held, runs, key=_deadline)
+        self.shadow = shadow_for(self.ledger, head, held, until)
 
     def lets(self, job: Any) -> bool:
         """Whether ``job``, which fits, may start (:meth:`Shadow.lets`)."""
         return self.shadow is None or self.shadow.lets(job, self.now)
 
-    def _waited(self, job: Any) -> float:
-        return (self.now - (job.queued_at or self.now)).total_seconds()
-
     def _ends(self, job: Any) -> dt.datetime:
         return self.now + dt.timedelta(seconds=job.max_runtime_seconds)
+
+
+def _deadline(item: Deadline) -> dt.datetime:
+    return item[0]

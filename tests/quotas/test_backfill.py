@@ -141,10 +141,10 @@ def test_the_shadow_is_the_first_deadline_that_frees_enough(busy):
     world, ml, *_ = busy
     ledger = admission.ledger_for(world.org.pk)  # 6 GPUs, 2 held: 4 free
     now = timezone.now()
-    held = [
-        (now + dt.timedelta(hours=3), {"gpu": 1.0}),
+    held = [  # in deadline order, as the pass hands them over
         (now + dt.timedelta(hours=1), {"gpu": 0.5}),
         (now + dt.timedelta(hours=2), {"gpu": 1.0}),
+        (now + dt.timedelta(hours=3), {"gpu": 1.0}),
     ]
     head, day = Need(5, workspace_id=ml.pk), now + dt.timedelta(days=1)
     expected = Shadow(now + dt.timedelta(hours=2), {"gpu": 0.5})
