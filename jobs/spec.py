@@ -417,13 +417,19 @@ def validate_spec(data: Any, *, organization: Any) -> dict[str, Any]:
     A spec validated before, with the same organisation policy and settings, is not validated
     again: every job of a template is, with the same spec (the serialisers cost about a
     millisecond of CPU a submission). The answer is a fresh copy each time; what fails
-    validation is never kept."""
+    validation is never kept, nor a spec longer than :data:`MEMO_MAX_CHARS` as JSON (the 256
+    kept stay within a few MB per process, whatever tenants submit)."""
     policy = _policy(organization)
     try:
         text = json.dumps(data, allow_nan=False)
     except (TypeError, ValueError):  # not JSON: the serialisers say what is wrong with it
         return _validate(data, policy)
+    if len(text) > MEMO_MAX_CHARS:
+        return _validate(json.loads(text), policy)
     return json.loads(_validated(text, policy))
+
+
+MEMO_MAX_CHARS = 8192
 
 
 # What validation reads of the organisation (None: no organisation) and of the settings.

@@ -70,3 +70,13 @@ def test_input_that_is_not_json_is_still_validated_and_refused(world, counted):
     with pytest.raises(serializers.ValidationError):
         validate_spec({**counter_spec(), "max_runtime_seconds": float("nan")}, organization=None)
     assert validate_spec({**counter_spec(), "priority": 5}, organization=None)["priority"] == 5
+
+
+def test_a_long_spec_is_validated_every_time_and_not_kept(world, counted):
+    # A tenant's large specs (here a long entrypoint) must not fill the processes' memory.
+    env_vars = {f"V{n}": "x" * 1000 for n in range(job_spec.MEMO_MAX_CHARS // 1000)}
+    long = counter_spec(runtime_env={"env_vars": env_vars})
+    first = validate_spec(long, organization=world.org)
+    assert validate_spec(long, organization=world.org) == first
+    assert len(counted) == 2
+    assert job_spec._validated.cache_info().currsize == 0
