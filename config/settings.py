@@ -5,6 +5,7 @@ Documented in the README ("Configuration").
 """
 
 import ipaddress
+import os
 import re
 import warnings
 from pathlib import Path
@@ -178,8 +179,13 @@ def _refuse(name: str, rule: str):
 
 
 def _number(name: str, default: float, *, low: float, high: float, kind=float):
+    # Parsed as written: environ's float() drops every character that is not a digit, a
+    # point, a comma or a minus first, which reads "1e400" as 1400 and "12h" as 12.
+    raw = os.environ.get(name)
     try:
-        value = (env.int if kind is int else env.float)(name, default=default)
+        value = default if raw is None else kind(raw.strip())
+        if value != value:  # nan
+            raise ValueError
     except ValueError:
         _refuse(name, f"must be a {'whole ' if kind is int else ''}number")
     if not low <= value <= high:

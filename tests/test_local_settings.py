@@ -61,6 +61,9 @@ def load(**env: str) -> subprocess.CompletedProcess:
         ("MANTA_PACKAGE_STORAGE_COUNT", "-1", "must be between 1 and"),
         ("MANTA_BACKFILL_WINDOW_HOURS", "-1", "must be between 0 and 87,600"),
         ("MANTA_BACKFILL_WINDOW_HOURS", "a day", "must be a number"),
+        ("MANTA_BACKFILL_WINDOW_HOURS", "1e400", "must be between 0 and 87,600, not inf"),
+        ("MANTA_BACKFILL_WINDOW_HOURS", "12h", "must be a number"),  # not 12
+        ("MANTA_LOCAL_PIDS_PER_NODE", "1e3", "whole number"),  # not 13
         ("MANTA_PACKAGE_STORAGE_COUNT", "2.5", "must be a whole number"),
         ("MANTA_METRICS_ALLOWED_NETWORKS", "127.0.0.0/8,prometheus.corp", "must list CIDR"),
         ("MANTA_METRICS_ALLOWED_NETWORKS", "10.0.0.0/33", "must list CIDR networks"),
