@@ -16,6 +16,7 @@ What refuses a job at submission is ``jobs/submission.py``.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import heapq
 import math
@@ -46,6 +47,7 @@ from .local_host import capacity as host_capacity
 from .models import Job, JobState
 from .pools import pools_yield
 from .preemption import plan_preemptions, promised_jobs
+from .waiting import NOBODY, Watch, Why, held_for, in_this_pass
 
 ADVISORY_NAMESPACE = 0x6D61  # "ma": keeps our lock ids apart from other users of pg locks
 HOST_LOCK = -1  # passes that may place jobs on the shared local host take it after their org's
@@ -83,6 +85,14 @@ def ledger_for(organization_id: int, on_host: set[int] | None = None) -> Ledger:
         gpu_pools=lambda: gpu_pools(organization_id, on_host),
         flavor_hours_used=lambda quota: gpu_hours_by_flavor(quota.workspace, period),
     )
+
+
+def policy_of(ledger: Ledger) -> tuple[str, float]:
+    """The organisation's queue policy and its ``balanced_max_wait_seconds``."""
+    quota = ledger.org_quota
+    if quota is None:
+        return QueuePolicy.FIFO, 600
+    return quota.policy, quota.balanced_max_wait_seconds
 
 
 # --- the queue -----------------------------------------------------------------------------
@@ -157,31 +167,62 @@ def plan(
     *,
     queue: DatabaseQueue | None = None,
     now: dt.datetime | None = None,
+    watch: Watch = NOBODY,
 ) -> list[Job]:
     """The jobs to admit now, in admission order (``ledger`` is updated as they are held).
 
     The queue is read lazily, in chunks, so a pass costs what it admits, not what is queued.
     ``queue`` and ``now`` default to the database's queue and the present; a prediction passes
-    a simulated queue and clock.
+    a simulated queue and clock, and ``explain`` a ``watch`` on the job it explains
+    (``jobs/waiting.py``).
     """
     queue = queue or DatabaseQueue(organization_id)
     now = now or timezone.now()
     if policy == QueuePolicy.FAIR_SHARE:
-        return _plan_fair_share(ledger, queue, now, max_wait)
+        return _plan_fair_share(ledger, queue, now, max_wait, watch)
     admitted: list[Job] = []
     misses = 0
     for job in queue.jobs():
-        if ledger.blocker(job):
+        if blocker := ledger.blocker(job):
+            watch.passed(job, in_this_pass, blocker, admitted)
             if not _may_be_overtaken(job, policy, max_wait, now):
+                watch.stopped(job, _strict_head, job, blocker, policy, max_wait)
                 break
             misses += 1
             if misses >= MAX_BLOCKED_SCAN:
+                watch.stopped(job, _scan_ends)
                 break
             continue
         misses = 0
         ledger.hold(job)
         admitted.append(job)
     return admitted
+
+
+def _scan_ends() -> str:
+    return (
+        f"a pass stops looking after {MAX_BLOCKED_SCAN} jobs in a row that do not fit, and "
+        "they all come before it in the queue"
+    )
+
+
+def _strict_head(job: Job, blocker: str, policy: str, max_wait: float) -> str:
+    """Why no later job of the queue goes before ``job``, which does not fit."""
+    if policy == QueuePolicy.FIFO:
+        rule = "under fifo no job starts before an earlier one"
+    elif policy == QueuePolicy.BALANCED:
+        rule = (
+            f"it has waited more than balanced_max_wait_seconds ({max_wait:g}), so later jobs "
+            "no longer go first"
+        )
+    elif job.priority >= STRICT_PRIORITY:
+        rule = f"under intelligent its priority {job.priority} keeps strict order"
+    else:
+        rule = (
+            f"it has waited more than MANTA_INTELLIGENT_AGING_MINUTES "
+            f"({settings.MANTA_INTELLIGENT_AGING_MINUTES:g}), so later jobs no longer go first"
+        )
+    return f"behind job {job.pk}, which comes before it and waits ({blocker}): {rule}"
 
 
 def _overtakable_for(job: Job, policy: str, max_wait: float) -> float:
@@ -228,7 +269,7 @@ def _fair_key(ledger: Ledger, ws_id: int, job: Job, now: dt.datetime) -> tuple:
 
 
 def _plan_fair_share(
-    ledger: Ledger, queue: DatabaseQueue, now: dt.datetime, max_wait: float
+    ledger: Ledger, queue: DatabaseQueue, now: dt.datetime, max_wait: float, watch: Watch = NOBODY
 ) -> list[Job]:
     """Next job from the workspace with the lowest fair-share key (``Ledger.fair_share_key``:
     its share now plus its decayed past usage, over its weight), until no workspace's head
@@ -255,6 +296,7 @@ def _plan_fair_share(
             now,
             overdue=lambda job: overdue(job) and _owed(ledger, job),
             backfill=Backfill(ledger, now, overdue, queue.deadlines),
+            watch=watch,
         )
     queues = {ws: queue.jobs(ws) for ws in queue.workspace_ids()}
     # A heap of each workspace's head, keyed by its workspace's fair-share key: only the
@@ -266,44 +308,69 @@ def _plan_fair_share(
         if head is not None:
             heapq.heappush(heap, _fair_key(ledger, ws, head, now))
     admitted: list[Job] = []
-    held_back: set[str] = set()
-    held_flavors: set[str] = set()
+    held_back = HeldBack()
     backfill = Backfill(ledger, now, overdue, queue.deadlines)
     while heap:
         *_, ws_id, job = heapq.heappop(heap)
-        if any(job.requested[name] for name in held_back):
-            continue  # it needs what a job ahead of it has waited too long for
-        if ledger.blocker(job):
+        if why := held_back.keeps(job):
+            pass  # it needs what a job ahead of it has waited too long for
+        elif blocker := ledger.blocker(job):
             if overdue(job) and _owed(ledger, job):
-                hold_back_for(ledger, job, held_back, held_flavors)
+                held_back.hold_for(ledger, job)
             else:
                 backfill.blocked(job, admitted)
-            continue  # its head does not fit: the workspace waits this pass
-        if ledger.takes_flavor(job, held_flavors):
-            continue  # it would take a GPU of the flavor an overdue job waits for
-        if not backfill.lets(job):
-            continue  # it would delay an overdue head beyond its guarantee past its shadow time
-        ledger.hold(job)
-        admitted.append(job)
-        following = next(queues[ws_id], None)
-        if following is not None:
-            heapq.heappush(heap, _fair_key(ledger, ws_id, following, now))
+            why = (in_this_pass, blocker, admitted)
+        elif why := held_back.keeps_flavor(ledger, job):
+            pass  # it would take a GPU of the flavor an overdue job waits for
+        elif not backfill.lets(job):
+            # It would delay an overdue head beyond its guarantee past its shadow time.
+            why = (backfill.why, job)
+        else:
+            ledger.hold(job)
+            admitted.append(job)
+            following = next(queues[ws_id], None)
+            if following is not None:
+                heapq.heappush(heap, _fair_key(ledger, ws_id, following, now))
+            continue
+        # It does not start: its workspace waits for the rest of the pass.
+        watch.passed(job, *why)
+        watch.workspace_waits(job, *why)
     return admitted
 
 
-def hold_back_for(ledger: Ledger, job: Job, resources: set, flavors: set[str]) -> None:
-    """Add what an overdue ``job`` waits for to what later jobs may not take this pass: the
-    resources the organisation is short of for it, else the GPU flavors it accepts when a
-    flavor is all that keeps it out, else everything."""
-    short = ledger.short_of(job)
-    if short:
-        resources.update(short)
-        return
-    short_flavors = ledger.flavors_short_of(job)
-    if short_flavors:
-        flavors.update(short_flavors)
-    else:
-        resources.update(RESOURCES)
+class HeldBack:
+    """What overdue jobs owed their guarantee hold back in one ``fair_share`` pass: the
+    resources the organisation is short of for each, else the GPU flavors it accepts when a
+    flavor is all that keeps it out, else everything; each with the job it is held for."""
+
+    def __init__(self):
+        self.resources: dict[str, Job] = {}
+        self.flavors: dict[str, Job] = {}
+
+    def hold_for(self, ledger: Ledger, job: Job) -> None:
+        short = ledger.short_of(job)
+        if not short:
+            flavors = ledger.flavors_short_of(job)
+            for flavor in flavors:
+                self.flavors.setdefault(flavor, job)
+            if flavors:
+                return
+        for name in short or RESOURCES:
+            self.resources.setdefault(name, job)
+
+    def keeps(self, job: Job) -> Why | None:
+        """Whether ``job`` needs a resource held back for another: None when it does not,
+        else what says so."""
+        names = [name for name in self.resources if job.requested[name]]
+        return (held_for, ", ".join(names), self.resources[names[0]]) if names else None
+
+    def keeps_flavor(self, ledger: Ledger, job: Job) -> Why | None:
+        """Whether ``job``, which fits, would take a GPU of a flavor held back for another:
+        None when it would not, else what says so."""
+        if not self.flavors or not ledger.takes_flavor(job, set(self.flavors)):
+            return None
+        flavor = ledger.flavors.flavor_of(job)
+        return (held_for, f"GPU flavor {flavor}", self.flavors[flavor])
 
 
 def _owed(ledger: Ledger, job: Job) -> bool:
@@ -469,15 +536,8 @@ def _admit_locked(
         raise _HostBusy
     ledger = ledger_for(organization_id, on_host)
     quota = ledger.org_quota
-    policy = quota.policy if quota else QueuePolicy.FIFO
-    max_wait = quota.balanced_max_wait_seconds if quota else 600
-    # What preempted jobs in their grace period hold is promised to the jobs they make room
-    # for: those count as held (on top of the leaving jobs, which still run), so nothing else
-    # takes the room, and they are admitted once their victims are gone (``first``).
-    promised = promised_jobs(organization_id, _scan(_queued(organization_id)))
-    for job in promised:
-        ledger.hold(job)
-    done = {job.pk: job for job in promised}
+    policy, max_wait = policy_of(ledger)
+    done = _hold_promised(ledger, organization_id)
     chosen: list[Job] = []
     if first := set(first) - done.keys():
         for job in _scan(_queued(organization_id).filter(pk__in=first)):
@@ -537,6 +597,17 @@ def _admit_locked(
     return [job.pk for job in chosen]
 
 
+def _hold_promised(ledger: Ledger, organization_id: int) -> dict[int, Job]:
+    """What preempted jobs in their grace period hold is promised to the jobs they make room
+    for: those count as held (on top of the leaving jobs, which still run), so nothing else
+    takes the room, and they are admitted once their victims are gone (``first``). Returns
+    them by pk."""
+    promised = promised_jobs(organization_id, _scan(_queued(organization_id)))
+    for job in promised:
+        ledger.hold(job)
+    return {job.pk: job for job in promised}
+
+
 def _gpu_flavors(ledger: Ledger, jobs: list[Job]) -> dict[int, str]:
     """The GPU flavor chosen for each admitted job that asks for GPUs (by pk)."""
     if ledger.flavors is None:
@@ -562,18 +633,36 @@ def explain(job: Job, *, now: dt.datetime | None = None) -> dict[str, Any] | Non
         | Q(priority=job.priority, queued_at=job.queued_at, id__lt=job.pk)
     ).count()
     ledger = ledger_for(job.organization_id)
-    reason = ledger.blocker(job)
-    if not reason:
-        reason = "waiting for the next admission pass"
+    now = now or timezone.now()
     explained: dict[str, Any] = {
         "position": ahead + 1,
         "queued": queue.count(),
-        "waiting_for": reason,
+        "waiting_for": ledger.blocker(job) or _queue_keeps(job, copy.deepcopy(ledger), now),
     }
     policy = ledger.org_quota.policy if ledger.org_quota else QueuePolicy.FIFO
     if policy in (QueuePolicy.FAIR_SHARE, QueuePolicy.INTELLIGENT):
-        explained["factors"] = factors(ledger, job, policy, now or timezone.now())
+        explained["factors"] = factors(ledger, job, policy, now)
     return explained
+
+
+def _queue_keeps(job: Job, ledger: Ledger, now: dt.datetime) -> str:
+    """What of the queue keeps ``job``, which fits on its own, out of the next pass: the pass
+    a worker would run now, on ``ledger`` (a copy), writing nothing, watching the job
+    (``jobs/waiting.py``)."""
+    organization_id = job.organization_id
+    promised = _hold_promised(ledger, organization_id)
+    if job.pk in promised:
+        return (
+            "the room it needs is promised to it: the jobs preempted for it are leaving "
+            "(their grace period)"
+        )
+    policy, max_wait = policy_of(ledger)
+    watch = Watch(job.pk, job.workspace_id)
+    queue = DatabaseQueue(organization_id, exclude=promised)
+    admitted = plan(ledger, organization_id, policy, max_wait, queue=queue, now=now, watch=watch)
+    if watch.reason is None or any(chosen.pk == job.pk for chosen in admitted):
+        return "waiting for the next admission pass"
+    return watch.reason
 
 
 def _finite(value: float) -> float | None:

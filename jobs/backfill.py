@@ -3,7 +3,7 @@ and Maui's backfill schedulers do it), with the jobs' runtime limits as their ru
 
 Under ``fair_share`` a head that does not fit lets the other workspaces go first. For a head
 within its workspace's guarantee that has waited too long, admission holds back what it lacks
-outright (``jobs.admission.hold_back_for``). A head beyond its guarantee holds nothing back: a
+outright (``jobs.admission.HeldBack``). A head beyond its guarantee holds nothing back: a
 workspace whose jobs are larger than its share would otherwise keep every GPU it frees from
 going to anyone else. Without it, though, such a head starves: every GPU that frees up goes to
 a smaller job, and a workspace of 8-GPU jobs under a small guarantee waits for a moment when 8
@@ -108,6 +108,7 @@ class Backfill:
         self._deadlines = deadlines
         self._held: list[Deadline] | None = None  # read once, in deadline order
         self.shadow: Shadow | None = None
+        self.head: Any = None  # the job the shadow is for
 
     def blocked(self, head: Any, admitted: list[Any]) -> None:
         """``head`` does not fit: should it be the first overdue one beyond its guarantee that
@@ -125,10 +126,23 @@ class Backfill:
         until = self.now + dt.timedelta(hours=settings.MANTA_BACKFILL_WINDOW_HOURS)
         held = heapq.merge(self._held, runs, key=_deadline)
         self.shadow = shadow_for(self.ledger, head, held, until)
+        if self.shadow is not None:
+            self.head = head
 
     def lets(self, job: Any) -> bool:
         """Whether ``job``, which fits, may start (:meth:`Shadow.lets`)."""
         return self.shadow is None or self.shadow.lets(job, self.now)
+
+    def why(self, job: Any) -> str:
+        """Why ``job``, which fits, does not start (:meth:`lets` said no)."""
+        spare = ", ".join(f"{name} {amount:g}" for name, amount in self.shadow.spare.items())
+        return (
+            f"job {self.head.pk} has waited more than balanced_max_wait_seconds and is reserved "
+            f"room at {self.shadow.at.isoformat(timespec='seconds')}, when the running jobs' "
+            f"max_runtime_seconds have freed enough for it; this job's max_runtime_seconds "
+            f"({job.max_runtime_seconds}) runs past that, and it needs more than is spare "
+            f"then ({spare})"
+        )
 
     def _ends(self, job: Any) -> dt.datetime:
         return self.now + dt.timedelta(seconds=job.max_runtime_seconds)

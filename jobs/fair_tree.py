@@ -26,6 +26,7 @@ from quotas.ledger import Ledger
 from quotas.models import RESOURCES
 
 from .backfill import Backfill
+from .waiting import NOBODY, Watch, held_for, in_this_pass
 
 ROOT = None
 
@@ -37,6 +38,7 @@ def plan_fair_tree(
     *,
     overdue: Callable[[Any], bool],
     backfill: Backfill | None = None,
+    watch: Watch = NOBODY,
 ) -> list[Any]:
     """The jobs to admit now, in admission order (``ledger`` is updated as they are held);
     ``queue`` as ``jobs.admission.plan`` takes it.
@@ -47,7 +49,7 @@ def plan_fair_tree(
     before it (``jobs/admission.py``'s flat ``fair_share`` does the same at the organisation).
     Held back at a group, a resource stays free for the other subtrees. Another head that does
     not fit is handed to ``backfill`` (``jobs/backfill.py``), which may give it a reservation in
-    time that later jobs must not delay."""
+    time that later jobs must not delay. ``watch``: as ``jobs.admission.plan`` takes it."""
     tree = ledger.tree
     heads: dict[int, Any] = {}
     queues: dict[int, Iterator[Any]] = {}
@@ -99,14 +101,20 @@ def plan_fair_tree(
         for group_id in tree.path(ws):
             active[group_id] -= 1
 
-    held_back: set[tuple[int | None, str]] = set()  # (node, resource or "running")
-    held_flavors: set[str] = set()  # GPU flavors an overdue job waits for
+    # What overdue jobs hold back, each with the job it is held for: (node, resource or
+    # "running"), and GPU flavors.
+    held_back: dict[tuple[int | None, str], Any] = {}
+    held_flavors: dict[str, Any] = {}
 
-    def behind(job: Any) -> bool:
+    def behind(job: Any) -> tuple[int | None, str] | None:
         path = tree.path(job.workspace_id)
-        return any(
-            (node is ROOT or node in path) and (name == "running" or job.requested[name])
-            for node, name in held_back
+        return next(
+            (
+                (node, name)
+                for node, name in held_back
+                if (node is ROOT or node in path) and (name == "running" or job.requested[name])
+            ),
+            None,
         )
 
     admitted: list[Any] = []
@@ -118,34 +126,48 @@ def plan_fair_tree(
                 break
             node = pk
         job = heads[pk]
-        if held_back and behind(job):
-            drop(pk)  # it needs what a job ahead of it has waited too long for
-            continue
-        if ledger.blocker(job):
+        if held_back and (held := behind(job)):
+            # It needs what a job ahead of it has waited too long for.
+            why = (held_at, ledger, held, held_back[held])
+        elif blocker := ledger.blocker(job):
             if overdue(job):
                 # What it is short of, else the GPU flavors it accepts (a flavor is all that
-                # keeps it out), else everything: as jobs.admission.hold_back_for.
-                short = {(node, name) for node, name, _ in ledger.shortages(job)}
+                # keeps it out), else everything: as jobs.admission.HeldBack.
+                short = [(node, name) for node, name, _ in ledger.shortages(job)]
                 flavors = set() if short else ledger.flavors_short_of(job)
-                held_flavors.update(flavors)
+                for flavor in flavors:
+                    held_flavors.setdefault(flavor, job)
                 if short or not flavors:
-                    held_back.update(short or {(ROOT, name) for name in RESOURCES})
+                    for item in short or [(ROOT, name) for name in RESOURCES]:
+                        held_back.setdefault(item, job)
             elif backfill is not None:
                 backfill.blocked(job, admitted)
-            drop(pk)  # its head does not fit: the workspace waits this pass
-            continue
-        if ledger.takes_flavor(job, held_flavors):
-            drop(pk)  # it would take a GPU of the flavor an overdue job waits for
-            continue
-        if backfill is not None and not backfill.lets(job):
-            drop(pk)  # it would delay an overdue head past its shadow time
-            continue
-        ledger.hold(job)
-        admitted.append(job)
-        changed(pk)
-        following = next(queues[pk], None)
-        if following is None:
-            drop(pk)
+            why = (in_this_pass, blocker, admitted)
+        elif held_flavors and ledger.takes_flavor(job, set(held_flavors)):
+            # It would take a GPU of the flavor an overdue job waits for.
+            flavor = ledger.flavors.flavor_of(job)
+            why = (held_for, f"GPU flavor {flavor}", held_flavors[flavor])
+        elif backfill is not None and not backfill.lets(job):
+            why = (backfill.why, job)  # it would delay an overdue head past its shadow time
         else:
-            heads[pk] = following
+            ledger.hold(job)
+            admitted.append(job)
+            changed(pk)
+            following = next(queues[pk], None)
+            if following is None:
+                drop(pk)
+            else:
+                heads[pk] = following
+            continue
+        # It does not start: its workspace waits for the rest of the pass.
+        watch.passed(job, *why)
+        watch.workspace_waits(job, *why)
+        drop(pk)
     return admitted
+
+
+def held_at(ledger: Ledger, held: tuple[int | None, str], holder: Any) -> str:
+    """Why a job waits for ``held`` (a node and a resource) held back for ``holder``."""
+    node, name = held
+    at = "the organisation" if node is ROOT else f"quota group '{ledger.groups[node].name}'"
+    return held_for(f"{name} at {at}", holder)

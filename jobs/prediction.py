@@ -532,14 +532,6 @@ class _Future:
             yield job
 
 
-def _policy(ledger) -> tuple[str, float]:
-    """The organisation's queue policy and its ``balanced_max_wait_seconds``."""
-    quota = ledger.org_quota
-    if quota is None:
-        return QueuePolicy.FIFO, 600
-    return quota.policy, quota.balanced_max_wait_seconds
-
-
 def _replay(
     ledger,
     job: Queued,
@@ -555,7 +547,7 @@ def _replay(
     admitted before it and how many expected submissions, replaying admission with the
     ``quantile`` (0: p50, 1: p90) run times and the ``future`` submissions (``in_a_row``:
     :func:`_typical`). ``ledger`` is changed: pass a copy."""
-    policy, max_wait = _policy(ledger)
+    policy, max_wait = admission.policy_of(ledger)
     # fair_share weighs past usage, which grows as jobs end (quotas.services folds each
     # released hold in): the replay does the same, or a workspace's key would stay as it is
     # now however much the replay lets it run.
@@ -706,7 +698,7 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
         )
         for queued in queue
     }
-    strict_in = admission.overtaking_ends(subject, *_policy(ledger), now)
+    strict_in = admission.overtaking_ends(subject, *admission.policy_of(ledger), now)
     in_a_row = _holds_in_a_row(queue.index(subject), len(running))
     starts = []
     for quantile in (0, 1):

@@ -69,6 +69,19 @@ def test_later_jobs_start_only_if_they_cannot_delay_the_overdue_head(busy):
     long_late = submit(world, other, 1, minutes_ago=3, max_runtime=4 * HOUR)  # would delay it
     assert admitted(world) == [short, long_spare]
     assert still_queued(big, long_late)
+    assert_told_of_the_reservation(long_late, big, busy)
+
+
+def assert_told_of_the_reservation(job, head, busy):
+    """The why-waiting of a job kept out by ``head``'s reservation (at the running job's
+    deadline, with no GPU spare once the spare one went) names it."""
+    shadow = Reservation.objects.get(job_id=busy[3]).created_at + dt.timedelta(hours=1)
+    assert admission.explain(Job.objects.get(pk=job))["waiting_for"] == (
+        f"job {head} has waited more than balanced_max_wait_seconds and is reserved room at "
+        f"{shadow.isoformat(timespec='seconds')}, when the running jobs' max_runtime_seconds "
+        f"have freed enough for it; this job's max_runtime_seconds ({4 * HOUR}) runs past "
+        "that, and it needs more than is spare then (gpu 0)"
+    )
 
 
 def test_before_the_head_is_overdue_everything_that_fits_backfills(busy):
@@ -103,10 +116,13 @@ def test_a_head_within_its_guarantee_is_still_held_for_outright(busy):
 
 
 def test_under_a_quota_group_the_organisations_shadow_holds_too(busy):
-    # ml and other under one division (Fair Tree) whose limit is above the organisation's
-    # capacity: the head is short only at the organisation, and the same reservation applies.
+    # ml and other under one division (Fair Tree) whose limit is above what the organisation
+    # holds plus the head (twice its capacity): the head is short only at the organisation, and
+    # the same reservation applies. (Under a limit of 8, the two jobs backfilled would leave the
+    # head short at the division too: the next pass makes no reservation, and admits the job
+    # it held back; its why-waiting says so.)
     world, ml, other, _ = busy
-    division = QuotaGroup.objects.create(organization=world.org, name="division", limit_gpu=8)
+    division = QuotaGroup.objects.create(organization=world.org, name="division", limit_gpu=12)
     WorkspaceQuota.objects.filter(workspace__in=[ml, other]).update(group=division)
     big = submit(world, ml, 5, minutes_ago=30)
     short = submit(world, other, 1, minutes_ago=5, max_runtime=20 * 60)
@@ -114,6 +130,7 @@ def test_under_a_quota_group_the_organisations_shadow_holds_too(busy):
     long_late = submit(world, other, 1, minutes_ago=3, max_runtime=4 * HOUR)
     assert admitted(world) == [short, long_spare]
     assert still_queued(big, long_late)
+    assert_told_of_the_reservation(long_late, big, busy)
 
 
 def test_the_prediction_replays_the_same_reservation(busy):
