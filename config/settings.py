@@ -20,9 +20,31 @@ VAR_DIR = Path(environ.Env().str("MANTA_VAR_DIR", default=str(BASE_DIR / "var"))
 
 env = environ.Env()
 
+
+# Settings read as numbers are checked at start, so a typo or a value out of range stops every
+# process naming the setting, instead of turning a bound off.
+def _refuse(name: str, rule: str):
+    raise ImproperlyConfigured(f"{name}: {rule}")
+
+
+def _number(name: str, default: float, *, low: float, high: float, kind=float):
+    # Parsed as written: environ's float() drops every character that is not a digit, a
+    # point, a comma or a minus first, which reads "1e400" as 1400 and "12h" as 12.
+    raw = os.environ.get(name)
+    try:
+        value = default if raw is None else kind(raw.strip())
+        if value != value:  # nan
+            raise ValueError
+    except ValueError:
+        _refuse(name, f"must be a {'whole ' if kind is int else ''}number")
+    if not low <= value <= high:
+        _refuse(name, f"must be between {low:,.10g} and {high:,.10g}, not {value:,.10g}")
+    return value
+
+
 DEBUG = env.bool("DEBUG", default=False)
 # How long an invitation into an organisation can be accepted.
-MANTA_INVITATION_DAYS = env.int("MANTA_INVITATION_DAYS", default=7)
+MANTA_INVITATION_DAYS = _number("MANTA_INVITATION_DAYS", 7, low=1, high=3660, kind=int)
 # Browser sign-in for every user (/api-auth/login/): a session opens a job's Ray Dashboard.
 LOGIN_URL = "rest_framework:login"
 LOGIN_REDIRECT_URL = "/api/docs/"
@@ -103,7 +125,14 @@ DATABASES["default"]["ATOMIC_REQUESTS"] = False
 # this many seconds instead of opening one each time (a few ms and a backend fork on PostgreSQL);
 # 0 closes it after every request. CONN_MAX_AGE is the older name of the same setting.
 DATABASES["default"].setdefault(
-    "CONN_MAX_AGE", env.int("MANTA_DB_CONN_MAX_AGE", default=env.int("CONN_MAX_AGE", default=60))
+    "CONN_MAX_AGE",
+    _number(
+        "MANTA_DB_CONN_MAX_AGE",
+        _number("CONN_MAX_AGE", 60, low=0, high=366 * 86400, kind=int),
+        low=0,
+        high=366 * 86400,
+        kind=int,
+    ),
 )
 # A persistent connection that the database dropped (a restart, a terminated backend) is found
 # dead at the next request's first query and replaced, instead of failing it.
@@ -172,27 +201,6 @@ STORAGES = {
 }
 
 
-# Settings read as numbers are checked at start, so a typo or a value out of range stops every
-# process naming the setting, instead of turning a bound off.
-def _refuse(name: str, rule: str):
-    raise ImproperlyConfigured(f"{name}: {rule}")
-
-
-def _number(name: str, default: float, *, low: float, high: float, kind=float):
-    # Parsed as written: environ's float() drops every character that is not a digit, a
-    # point, a comma or a minus first, which reads "1e400" as 1400 and "12h" as 12.
-    raw = os.environ.get(name)
-    try:
-        value = default if raw is None else kind(raw.strip())
-        if value != value:  # nan
-            raise ValueError
-    except ValueError:
-        _refuse(name, f"must be a {'whole ' if kind is int else ''}number")
-    if not low <= value <= high:
-        _refuse(name, f"must be between {low:,.10g} and {high:,.10g}, not {value:,.10g}")
-    return value
-
-
 # PostgreSQL: a query's values travel apart from its SQL (server-side binding), and a statement
 # a connection has run MANTA_DB_PREPARE_THRESHOLD times is kept prepared by the server, parsed
 # and planned once instead of on every run (the same few statements make every request). "off":
@@ -208,9 +216,15 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         }
     )
 
-MANTA_PACKAGE_MAX_BYTES = env.int("MANTA_PACKAGE_MAX_BYTES", default=100 * 1024**2)
-MANTA_PACKAGE_MAX_UNPACKED_BYTES = env.int("MANTA_PACKAGE_MAX_UNPACKED_BYTES", default=1024**3)
-MANTA_PACKAGE_RETENTION_DAYS = env.int("MANTA_PACKAGE_RETENTION_DAYS", default=30)
+MANTA_PACKAGE_MAX_BYTES = _number(
+    "MANTA_PACKAGE_MAX_BYTES", 100 * 1024**2, low=1, high=1024**4, kind=int
+)
+MANTA_PACKAGE_MAX_UNPACKED_BYTES = _number(
+    "MANTA_PACKAGE_MAX_UNPACKED_BYTES", 1024**3, low=1, high=16 * 1024**4, kind=int
+)
+MANTA_PACKAGE_RETENTION_DAYS = _number(
+    "MANTA_PACKAGE_RETENTION_DAYS", 30, low=1, high=36_600, kind=int
+)
 
 
 # What one workspace's packages may add up to (GiB) and how many it may hold: without a bound a
@@ -221,11 +235,13 @@ MANTA_PACKAGE_STORAGE_COUNT = _number(
 )
 # Clusters that download code themselves (kuberay) get a URL valid this long: presigned by object
 # storage, or served by the API at MANTA_PUBLIC_URL (the address clusters reach it at).
-MANTA_PACKAGE_URL_SECONDS = env.int("MANTA_PACKAGE_URL_SECONDS", default=3600)
+MANTA_PACKAGE_URL_SECONDS = _number(
+    "MANTA_PACKAGE_URL_SECONDS", 3600, low=1, high=7 * 86400, kind=int
+)
 MANTA_PUBLIC_URL = env.str("MANTA_PUBLIC_URL", default="")
 
 # JSON request bodies nested deeper than this are refused with a 400 (config/parsers.py).
-MANTA_JSON_MAX_DEPTH = env.int("MANTA_JSON_MAX_DEPTH", default=64)
+MANTA_JSON_MAX_DEPTH = _number("MANTA_JSON_MAX_DEPTH", 64, low=2, high=1000, kind=int)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "workspaces.authentication.BearerTokenAuthentication",
@@ -320,11 +336,11 @@ CELERY_DB_REUSE_MAX = 1_000_000
 CELERY_BEAT_SCHEDULE = {
     "sweep": {
         "task": "manta.jobs.sweep",
-        "schedule": env.float("MANTA_SWEEP_INTERVAL_SECONDS", default=15.0),
+        "schedule": _number("MANTA_SWEEP_INTERVAL_SECONDS", 15.0, low=0.1, high=86400),
     },
     "webhooks-sweep": {
         "task": "manta.notifications.sweep",
-        "schedule": env.float("WEBHOOK_SWEEP_INTERVAL_SECONDS", default=5.0),
+        "schedule": _number("WEBHOOK_SWEEP_INTERVAL_SECONDS", 5.0, low=0.1, high=86400),
     },
     "packages-expire": {"task": "manta.packages.expire", "schedule": 3600.0},
     # Verify each audit chain since its last checkpoint and sign its head (audit/tasks.py).
@@ -359,7 +375,7 @@ REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {
 }
 # A client is its REMOTE_ADDR. Behind N reverse proxies that each append to X-Forwarded-For, set
 # N; with 0 the header, which any client can write, is ignored (DRF's default, None, trusts it).
-REST_FRAMEWORK["NUM_PROXIES"] = env.int("MANTA_NUM_PROXIES", default=0)
+REST_FRAMEWORK["NUM_PROXIES"] = _number("MANTA_NUM_PROXIES", 0, low=0, high=100, kind=int)
 
 # /metrics (jobs/metrics.py) answers a scraper that sends MANTA_METRICS_TOKEN as a bearer token,
 # or one whose address (read as the throttles read it, MANTA_NUM_PROXIES) lies in these networks:
@@ -436,20 +452,22 @@ MANTA_BACKFILL_WINDOW_HOURS = _number("MANTA_BACKFILL_WINDOW_HOURS", 24.0, low=0
 # Running jobs (jobs/attempts.py).
 MANTA_LOCAL_RAY_DIR = env.str("MANTA_LOCAL_RAY_DIR", default="/tmp/manta-ray")
 # How long a queued job's predicted start (jobs/prediction.py) is reused for its detail.
-MANTA_PREDICTION_CACHE_SECONDS = env.float("MANTA_PREDICTION_CACHE_SECONDS", default=10.0)
-MANTA_FOLLOW_INTERVAL_SECONDS = env.float("MANTA_FOLLOW_INTERVAL_SECONDS", default=1.0)
-MANTA_HEARTBEAT_STALE_SECONDS = env.float("MANTA_HEARTBEAT_STALE_SECONDS", default=30.0)
-MANTA_LEASE_SECONDS = env.float("MANTA_LEASE_SECONDS", default=30.0)
-MANTA_CLUSTER_LOST_SECONDS = env.float("MANTA_CLUSTER_LOST_SECONDS", default=60.0)
+MANTA_PREDICTION_CACHE_SECONDS = _number("MANTA_PREDICTION_CACHE_SECONDS", 10.0, low=0, high=86400)
+MANTA_FOLLOW_INTERVAL_SECONDS = _number("MANTA_FOLLOW_INTERVAL_SECONDS", 1.0, low=0.05, high=3600)
+MANTA_HEARTBEAT_STALE_SECONDS = _number("MANTA_HEARTBEAT_STALE_SECONDS", 30.0, low=1, high=86400)
+MANTA_LEASE_SECONDS = _number("MANTA_LEASE_SECONDS", 30.0, low=1, high=86400)
+MANTA_CLUSTER_LOST_SECONDS = _number("MANTA_CLUSTER_LOST_SECONDS", 60.0, low=1, high=7 * 86400)
 # A dead worker node is started again this many times per attempt; one more loss fails the
 # attempt (node_failures).
-MANTA_NODE_RESTARTS = env.int("MANTA_NODE_RESTARTS", default=3)
+MANTA_NODE_RESTARTS = _number("MANTA_NODE_RESTARTS", 3, low=0, high=1000, kind=int)
 # How often a running attempt's driver log is copied to the database (so it never disappears
 # from logs/ when its cluster stops answering).
-MANTA_LOG_SAVE_SECONDS = env.float("MANTA_LOG_SAVE_SECONDS", default=10.0)
+MANTA_LOG_SAVE_SECONDS = _number("MANTA_LOG_SAVE_SECONDS", 10.0, low=0.1, high=86400)
 # How much of a driver log's end that copy keeps, and the most logs/ reads of a log at once: a
 # longer log's copy starts with a line saying how many bytes were dropped (jobs/log_archive.py).
-MANTA_LOG_ARCHIVE_BYTES = env.int("MANTA_LOG_ARCHIVE_BYTES", default=2 * 1024**2)
+MANTA_LOG_ARCHIVE_BYTES = _number(
+    "MANTA_LOG_ARCHIVE_BYTES", 2 * 1024**2, low=1024, high=1024**4, kind=int
+)
 if not 4096 <= MANTA_LOG_ARCHIVE_BYTES <= 256 * 1024**2:
     raise ImproperlyConfigured("MANTA_LOG_ARCHIVE_BYTES: must be between 4096 and 268435456")
 
@@ -554,7 +572,7 @@ MANTA_KUBERAY_IN_CLUSTER = env.bool("MANTA_KUBERAY_IN_CLUSTER", default=False)
 # listed here (e.g. "127.0.0.0/8" for a receiver on this host); plain http:// only if allowed.
 WEBHOOK_ALLOWED_NETWORKS = env.list("WEBHOOK_ALLOWED_NETWORKS", default=[])
 WEBHOOK_ALLOW_HTTP = env.bool("WEBHOOK_ALLOW_HTTP", default=False)
-WEBHOOK_TIMEOUT_SECONDS = env.float("WEBHOOK_TIMEOUT_SECONDS", default=15.0)
+WEBHOOK_TIMEOUT_SECONDS = _number("WEBHOOK_TIMEOUT_SECONDS", 15.0, low=0.1, high=600)
 # Delay before each attempt (the first is immediate); after the last, a delivery is exhausted.
 WEBHOOK_RETRY_SCHEDULE = [
     float(s)
@@ -562,18 +580,24 @@ WEBHOOK_RETRY_SCHEDULE = [
         "WEBHOOK_RETRY_SCHEDULE", default=[0, 5, 300, 1800, 7200, 18000, 36000, 36000]
     )
 ]
-WEBHOOK_RETRY_JITTER = env.float("WEBHOOK_RETRY_JITTER", default=0.2)  # ± this fraction
-WEBHOOK_RETRY_AFTER_MAX_SECONDS = env.float("WEBHOOK_RETRY_AFTER_MAX_SECONDS", default=86400.0)
+WEBHOOK_RETRY_JITTER = _number("WEBHOOK_RETRY_JITTER", 0.2, low=0, high=1)  # ± this fraction
+WEBHOOK_RETRY_AFTER_MAX_SECONDS = _number(
+    "WEBHOOK_RETRY_AFTER_MAX_SECONDS", 86400.0, low=1, high=366 * 86400
+)
 # An endpoint whose every attempt failed for this long is disabled and its org admins emailed.
-WEBHOOK_DISABLE_AFTER_SECONDS = env.float("WEBHOOK_DISABLE_AFTER_SECONDS", default=5 * 86400.0)
+WEBHOOK_DISABLE_AFTER_SECONDS = _number(
+    "WEBHOOK_DISABLE_AFTER_SECONDS", 5 * 86400.0, low=60, high=366 * 86400
+)
 # How long a worker holds the deliveries it claimed; a dead worker's deliveries are retried after.
-WEBHOOK_LEASE_SECONDS = env.float("WEBHOOK_LEASE_SECONDS", default=60.0)
-WEBHOOK_ROTATION_GRACE_SECONDS = env.int("WEBHOOK_ROTATION_GRACE_SECONDS", default=86400)
+WEBHOOK_LEASE_SECONDS = _number("WEBHOOK_LEASE_SECONDS", 60.0, low=1, high=86400)
+WEBHOOK_ROTATION_GRACE_SECONDS = _number(
+    "WEBHOOK_ROTATION_GRACE_SECONDS", 86400, low=0, high=366 * 86400, kind=int
+)
 
 # Email notifications (approval requests, failed jobs, disabled webhooks): console by default.
 EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
 EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
-EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_PORT = _number("EMAIL_PORT", 25, low=1, high=65535, kind=int)
 EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
 EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
 EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
@@ -596,4 +620,4 @@ LOGGING = {
 # its own allowed networks; unencrypted git:// and http:// only when allowed.
 MANTA_CODE_SOURCE_ALLOWED_NETWORKS = env.list("MANTA_CODE_SOURCE_ALLOWED_NETWORKS", default=[])
 MANTA_CODE_SOURCE_ALLOW_PLAIN = env.bool("MANTA_CODE_SOURCE_ALLOW_PLAIN", default=False)
-MANTA_CODE_FETCH_SECONDS = env.int("MANTA_CODE_FETCH_SECONDS", default=300)
+MANTA_CODE_FETCH_SECONDS = _number("MANTA_CODE_FETCH_SECONDS", 300, low=1, high=86400, kind=int)

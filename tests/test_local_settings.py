@@ -1,5 +1,5 @@
-"""Operator settings (the local target's, package storage's, /metrics') are checked when the
-settings load: a bad value stops the process at start with an error naming the variable, instead
+"""Operator settings (the local target's, package storage's, /metrics', every number) are
+checked when the settings load: a bad value stops the process at start with an error naming the variable, instead
 of failing a launch (or every submission, or every scrape) later. Each case loads config.settings
 in a clean process, as `make serve` does."""
 
@@ -65,6 +65,18 @@ def load(**env: str) -> subprocess.CompletedProcess:
         ("MANTA_BACKFILL_WINDOW_HOURS", "12h", "must be a number"),  # not 12
         ("MANTA_LOCAL_PIDS_PER_NODE", "1e3", "whole number"),  # not 13
         ("MANTA_PACKAGE_STORAGE_COUNT", "2.5", "must be a whole number"),
+        ("MANTA_LEASE_SECONDS", "0", "must be between 1 and 86,400, not 0"),
+        ("MANTA_FOLLOW_INTERVAL_SECONDS", "1s", "must be a number"),
+        ("MANTA_SWEEP_INTERVAL_SECONDS", "-15", "must be between 0.1 and 86,400"),
+        ("WEBHOOK_RETRY_JITTER", "2", "must be between 0 and 1, not 2"),
+        ("WEBHOOK_TIMEOUT_SECONDS", "inf", "must be between 0.1 and 600, not inf"),
+        ("EMAIL_PORT", "70000", "must be between 1 and 65,535"),
+        ("MANTA_DB_CONN_MAX_AGE", "-1", "must be between 0 and"),
+        ("CONN_MAX_AGE", "forever", "must be a whole number"),
+        ("MANTA_JSON_MAX_DEPTH", "1e9", "must be a whole number"),
+        ("MANTA_PACKAGE_MAX_BYTES", "0", "must be between 1 and"),
+        ("MANTA_NODE_RESTARTS", "-3", "must be between 0 and 1,000"),
+        ("MANTA_INVITATION_DAYS", "0", "must be between 1 and 3,660"),
         ("MANTA_METRICS_ALLOWED_NETWORKS", "127.0.0.0/8,prometheus.corp", "must list CIDR"),
         ("MANTA_METRICS_ALLOWED_NETWORKS", "10.0.0.0/33", "must list CIDR networks"),
         ("MANTA_METRICS_TOKEN", "short", "at least 16 printable ASCII characters"),
