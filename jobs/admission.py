@@ -138,11 +138,15 @@ class DatabaseQueue:
             quota_selectors.active_reservations()
             .filter(organization_id=self.organization_id)
             .annotate(max_runtime=max_runtime)
-            .values_list("created_at", "max_runtime", *RESOURCES)
+            .values_list("created_at", "max_runtime", "workspace_id", *RESOURCES)
         )
         return [
-            (at + dt.timedelta(seconds=seconds or 0), dict(zip(RESOURCES, amounts, strict=True)))
-            for at, seconds, *amounts in rows
+            (
+                at + dt.timedelta(seconds=seconds or 0),
+                workspace_id,
+                dict(zip(RESOURCES, amounts, strict=True)),
+            )
+            for at, seconds, workspace_id, *amounts in rows
         ]
 
     def workspace_ids(self) -> Iterable[int]:

@@ -17,7 +17,11 @@ resources may start only if it is sure to end by the shadow time (its own runtim
 if it fits in the spare (which it then uses up). Nothing admitted under the reservation can
 push the head past its shadow time, and everything that cannot delay it still runs: capacity
 idles only where the head will need it. Runtime limits overstate run times, so the head
-usually starts well before its shadow time, as soon as enough has freed up.
+usually starts well before its shadow time, as soon as enough has freed up. Under quota
+groups (the Fair Tree) a head can be short at a group's limit as well as at the organisation:
+what ends frees room at the organisation and at each group above its workspace, the shadow time
+is when every place it is short at has room, and the spare is kept per place, so a job under
+another group takes nothing of a team's spare.
 
 A shadow time further away than ``MANTA_BACKFILL_WINDOW_HOURS`` (a day, as Slurm's
 ``bf_window``) makes no reservation: with runtime limits of weeks it would hold capacity back
@@ -37,58 +41,83 @@ from django.conf import settings
 from quotas.ledger import EPSILON, Claim, Ledger
 from quotas.tree import ROOT
 
-# What the organisation holds, each with its deadline: (deadline, resources held).
-Deadline = tuple[dt.datetime, dict[str, float]]
+# What the organisation holds, each with its deadline: (deadline, its workspace, resources held).
+Deadline = tuple[dt.datetime, int, dict[str, float]]
+# Where a head is short: (a quota group, or ROOT for the organisation; a resource).
+Place = tuple[int | None, str]
 
 
 @dataclasses.dataclass
 class Shadow:
-    """One head's reservation in time: ``at``, when it is sure to fit; ``spare``, per resource
-    it lacks now, what is free at ``at`` beyond its need (used up by jobs that run past it)."""
+    """One head's reservation in time: ``at``, when it is sure to fit; ``spare``, at each place
+    it is short now, what is free there at ``at`` beyond its need (used up by jobs that run
+    past it); ``path`` gives a workspace's quota groups, nearest first."""
 
     at: dt.datetime
-    spare: dict[str, float]
+    spare: dict[Place, float]
+    path: Callable[[int], tuple[int, ...]] = dataclasses.field(
+        default=lambda workspace_id: (), compare=False
+    )
 
     def lets(self, job: Claim, now: dt.datetime) -> bool:
         """Whether ``job``, which fits now, may start without delaying the head; when it may
         only by using the spare, it uses it."""
-        needs = [name for name in self.spare if job.requested[name]]
+        needs = [place for place in self.spare if self._takes(job, place)]
         if not needs:
             return True
         if now + dt.timedelta(seconds=job.max_runtime_seconds) <= self.at:
             return True  # it has ended by the shadow time, whatever it runs for
-        if all(job.requested[name] <= self.spare[name] + EPSILON for name in needs):
-            for name in needs:
-                self.spare[name] -= job.requested[name]
+        if all(job.requested[name] <= self.spare[node, name] + EPSILON for node, name in needs):
+            for node, name in needs:
+                self.spare[node, name] -= job.requested[name]
             return True
         return False
+
+    def _takes(self, job: Claim, place: Place) -> bool:
+        """Whether ``job`` would take some of what the head lacks at ``place``."""
+        node, name = place
+        return bool(job.requested[name]) and (node is ROOT or node in self.path(job.workspace_id))
 
 
 def shadow_for(
     ledger: Ledger, head: Claim, held: Iterable[Deadline], until: dt.datetime
 ) -> Shadow | None:
-    """The shadow time and spare of ``head``, which does not fit for want of the organisation's
-    capacity alone, given what the organisation holds (``held``, with their deadlines, in
-    deadline order: read only as far as it needs). None
-    when something else keeps it out (a quota group's limit, a max_running_jobs cap, a GPU
-    flavor) or when the deadlines free enough only after ``until``, or never."""
-    short = ledger.short_of(head)
-    if not short or ledger.org_quota is None:
+    """The shadow time and spare of ``head``, which does not fit for want of capacity at the
+    organisation or at quota groups above it, given what the organisation holds (``held``,
+    with their deadlines, in deadline order: read only as far as it needs); what ends frees
+    room at the organisation and at each group above its workspace. None when something else
+    keeps it out (a max_running_jobs cap, a GPU flavor), or when the deadlines free enough only
+    after ``until``, or never."""
+    places = [(node, name) for node, name, _ in ledger.shortages(head)]
+    if not places or any(name == "running" for _, name in places):
         return None
-    if any(node is not ROOT or name == "running" for node, name, _ in ledger.shortages(head)):
-        return None  # short at a quota group (what the organisation frees may not reach it),
-        # or of running jobs
-    free = {name: getattr(ledger.org_quota, name) - getattr(ledger.org, name) for name in short}
-    if all(free[name] + EPSILON >= head.requested[name] for name in short):
+    free = {place: _free(ledger, place) for place in places}
+    if all(free[node, name] + EPSILON >= head.requested[name] for node, name in free):
         return None  # kept out by lending limits, not by what is held
-    for deadline, amounts in held:
+    path = ledger.tree.path
+    for deadline, workspace_id, amounts in held:
         if deadline > until:
             return None
-        for name in short:
-            free[name] += amounts.get(name, 0.0)
-        if all(free[name] + EPSILON >= head.requested[name] for name in short):
-            return Shadow(deadline, {name: free[name] - head.requested[name] for name in short})
+        above = path(workspace_id)
+        for node, name in free:
+            if node is ROOT or node in above:
+                free[node, name] += amounts.get(name, 0.0)
+        if all(free[node, name] + EPSILON >= head.requested[name] for node, name in free):
+            spare = {
+                (node, name): room - head.requested[name] for (node, name), room in free.items()
+            }
+            return Shadow(deadline, spare, path)
     return None
+
+
+def _free(ledger: Ledger, place: Place) -> float:
+    """What is free now at ``place``: its limit (the organisation's capacity) less what is held
+    under it."""
+    node, name = place
+    if node is ROOT:
+        return getattr(ledger.org_quota, name) - getattr(ledger.org, name)
+    limit = getattr(ledger.tree.groups[node], f"limit_{name}")
+    return limit - getattr(ledger.tree.usage[node], name)
 
 
 class Backfill:
@@ -122,7 +151,9 @@ class Backfill:
             return  # its own limits keep it out, or it is owed and held back for outright
         if self._held is None:
             self._held = sorted(self._deadlines(), key=_deadline)
-        runs = sorted(((self._ends(job), job.requested) for job in admitted), key=_deadline)
+        runs = sorted(
+            ((self._ends(job), job.workspace_id, job.requested) for job in admitted), key=_deadline
+        )
         until = self.now + dt.timedelta(hours=settings.MANTA_BACKFILL_WINDOW_HOURS)
         held = heapq.merge(self._held, runs, key=_deadline)
         self.shadow = shadow_for(self.ledger, head, held, until)
@@ -135,7 +166,11 @@ class Backfill:
 
     def why(self, job: Any) -> str:
         """Why ``job``, which fits, does not start (:meth:`lets` said no)."""
-        spare = ", ".join(f"{name} {amount:g}" for name, amount in self.shadow.spare.items())
+        spare = ", ".join(
+            f"{name} {amount:g}"
+            + ("" if node is ROOT else f" in quota group '{self.ledger.groups[node].name}'")
+            for (node, name), amount in self.shadow.spare.items()
+        )
         return (
             f"job {self.head.pk} has waited more than balanced_max_wait_seconds and is reserved "
             f"room at {self.shadow.at.isoformat(timespec='seconds')}, when the running jobs' "

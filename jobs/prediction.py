@@ -360,7 +360,7 @@ def _deadlines(releases: list[tuple], now: dt.datetime) -> list[tuple]:
     """What the organisation holds in a replay, each with its deadline, as
     ``admission.DatabaseQueue.deadlines`` reads them."""
     return [
-        (now + dt.timedelta(seconds=held.deadline), held.requested)
+        (now + dt.timedelta(seconds=held.deadline), held.workspace_id, held.requested)
         for _, _, held in releases
         if not held.foreign and math.isfinite(held.deadline)
     ]

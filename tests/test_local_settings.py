@@ -1,7 +1,7 @@
 """Operator settings (the local target's, package storage's, /metrics', every number) are
-checked when the settings load: a bad value stops the process at start with an error naming the variable, instead
-of failing a launch (or every submission, or every scrape) later. Each case loads config.settings
-in a clean process, as `make serve` does."""
+checked when the settings load: a bad value stops the process at start with an error naming the
+variable, instead of failing a launch (or every submission, or every scrape) later. Each case
+loads config.settings in a clean process, as `make serve` does."""
 
 import subprocess
 import sys

@@ -14,6 +14,7 @@ from jobs.models import Job
 from jobs.prediction import predict_start
 from jobs.state import transition
 from quotas.models import QuotaGroup, Reservation, WorkspaceQuota
+from quotas.tree import ROOT
 from tests.conftest import SYSTEM
 from tests.factories import JobTemplateFactory, WorkspaceFactory
 from tests.quotas.test_admission import admitted, setup_quota, still_queued
@@ -72,7 +73,7 @@ def test_later_jobs_start_only_if_they_cannot_delay_the_overdue_head(busy):
     assert_told_of_the_reservation(long_late, big, busy)
 
 
-def assert_told_of_the_reservation(job, head, busy):
+def assert_told_of_the_reservation(job, head, busy, spare="gpu 0"):
     """The why-waiting of a job kept out by ``head``'s reservation (at the running job's
     deadline, with no GPU spare once the spare one went) names it."""
     shadow = Reservation.objects.get(job_id=busy[3]).created_at + dt.timedelta(hours=1)
@@ -80,7 +81,7 @@ def assert_told_of_the_reservation(job, head, busy):
         f"job {head} has waited more than balanced_max_wait_seconds and is reserved room at "
         f"{shadow.isoformat(timespec='seconds')}, when the running jobs' max_runtime_seconds "
         f"have freed enough for it; this job's max_runtime_seconds ({4 * HOUR}) runs past "
-        "that, and it needs more than is spare then (gpu 0)"
+        f"that, and it needs more than is spare then ({spare})"
     )
 
 
@@ -116,13 +117,11 @@ def test_a_head_within_its_guarantee_is_still_held_for_outright(busy):
 
 
 def test_under_a_quota_group_the_organisations_shadow_holds_too(busy):
-    # ml and other under one division (Fair Tree) whose limit is above what the organisation
-    # holds plus the head (twice its capacity): the head is short only at the organisation, and
-    # the same reservation applies. (Under a limit of 8, the two jobs backfilled would leave the
-    # head short at the division too: the next pass makes no reservation, and admits the job
-    # it held back; its why-waiting says so.)
+    # ml and other under one division (Fair Tree) whose limit is above the organisation's
+    # capacity: the same reservation applies. Once the two jobs are backfilled, the head is
+    # short at the division as well (4 held + 5 > 8); what ends there frees room in both places.
     world, ml, other, _ = busy
-    division = QuotaGroup.objects.create(organization=world.org, name="division", limit_gpu=12)
+    division = QuotaGroup.objects.create(organization=world.org, name="division", limit_gpu=8)
     WorkspaceQuota.objects.filter(workspace__in=[ml, other]).update(group=division)
     big = submit(world, ml, 5, minutes_ago=30)
     short = submit(world, other, 1, minutes_ago=5, max_runtime=20 * 60)
@@ -130,7 +129,30 @@ def test_under_a_quota_group_the_organisations_shadow_holds_too(busy):
     long_late = submit(world, other, 1, minutes_ago=3, max_runtime=4 * HOUR)
     assert admitted(world) == [short, long_spare]
     assert still_queued(big, long_late)
-    assert_told_of_the_reservation(long_late, big, busy)
+    assert_told_of_the_reservation(long_late, big, busy, "gpu 2 in quota group 'division', gpu 0")
+
+
+def test_a_head_short_at_its_team_is_reserved_room_there(busy):
+    # ml and other in a team limited to 4 GPUs, of the organisation's 6; other runs 2 GPUs
+    # until its deadline in 30 minutes. ml's overdue 3-GPU head is short at the team only
+    # (2 free there, 4 in the organisation): its shadow is that deadline, with 1 GPU spare in
+    # the team. Of other's two long jobs only one starts; a workspace outside the team, short
+    # of nothing the head lacks, is not held back.
+    world, ml, other, _ = busy
+    team = QuotaGroup.objects.create(organization=world.org, name="team", limit_gpu=4)
+    WorkspaceQuota.objects.filter(workspace__in=[ml, other]).update(group=team)
+    outside = WorkspaceFactory(organization=world.org, slug="outside")
+    WorkspaceQuota.objects.create(workspace=outside, guaranteed_gpu=0)
+    big = submit(world, ml, 3, minutes_ago=30)
+    in_spare = submit(world, other, 1, minutes_ago=4, max_runtime=4 * HOUR)
+    late = submit(world, other, 1, minutes_ago=3, max_runtime=4 * HOUR)
+    beside = submit(world, outside, 1, minutes_ago=2, max_runtime=4 * HOUR)
+    assert sorted(admitted(world)) == sorted([in_spare, beside])
+    assert still_queued(big, late)
+    assert (
+        "(gpu 0 in quota group 'team', gpu 1)"
+        in admission.explain(Job.objects.get(pk=late))["waiting_for"]
+    )
 
 
 def test_the_prediction_replays_the_same_reservation(busy):
@@ -159,12 +181,12 @@ def test_the_shadow_is_the_first_deadline_that_frees_enough(busy):
     ledger = admission.ledger_for(world.org.pk)  # 6 GPUs, 2 held: 4 free
     now = timezone.now()
     held = [  # in deadline order, as the pass hands them over
-        (now + dt.timedelta(hours=1), {"gpu": 0.5}),
-        (now + dt.timedelta(hours=2), {"gpu": 1.0}),
-        (now + dt.timedelta(hours=3), {"gpu": 1.0}),
+        (now + dt.timedelta(hours=1), ml.pk, {"gpu": 0.5}),
+        (now + dt.timedelta(hours=2), ml.pk, {"gpu": 1.0}),
+        (now + dt.timedelta(hours=3), ml.pk, {"gpu": 1.0}),
     ]
     head, day = Need(5, workspace_id=ml.pk), now + dt.timedelta(days=1)
-    expected = Shadow(now + dt.timedelta(hours=2), {"gpu": 0.5})
+    expected = Shadow(now + dt.timedelta(hours=2), {(ROOT, "gpu"): 0.5})
     assert shadow_for(ledger, head, held, day) == expected
     assert shadow_for(ledger, Need(7, workspace_id=ml.pk), held, day) is None  # never enough
     assert shadow_for(ledger, head, held, now + dt.timedelta(hours=1.5)) is None  # too far
@@ -186,10 +208,10 @@ def test_a_shadow_beyond_the_window_reserves_nothing(busy, settings):
 
 def test_the_spare_is_used_up_and_a_job_that_ends_in_time_needs_none():
     now = timezone.now()
-    shadow = Shadow(now + dt.timedelta(hours=1), {"gpu": 1.0})
+    shadow = Shadow(now + dt.timedelta(hours=1), {(ROOT, "gpu"): 1.0})
     assert shadow.lets(Need(2, max_runtime=HOUR), now)  # ends exactly at the shadow time
-    assert shadow.spare == {"gpu": 1.0}
+    assert shadow.spare == {(ROOT, "gpu"): 1.0}
     assert shadow.lets(Need(1, max_runtime=2 * HOUR), now)
-    assert shadow.spare == {"gpu": 0.0}
+    assert shadow.spare == {(ROOT, "gpu"): 0.0}
     assert not shadow.lets(Need(1, max_runtime=2 * HOUR), now)
     assert shadow.lets(Need(0, max_runtime=9 * HOUR), now)  # needs nothing the head lacks
