@@ -53,6 +53,7 @@ from . import admission
 from .local_host import HOST, workspaces_on_host
 from .metrics_snapshot import reason_of
 from .models import AttemptState, Job, JobAttempt, JobState
+from .waiting import NOBODY, Watch
 
 logger = logging.getLogger(__name__)
 MAX_AHEAD = 500  # queued jobs simulated; a job further back in the queue gets no prediction
@@ -84,6 +85,9 @@ class Prediction:
     # expected submissions (not yet made) the p50 replay admitted before it: not part of the
     # answer, but what bench/simulate.py --diagnose compares with the jobs that overtook it
     overtakers: int = 0
+    # what it would wait for now, in words (jobs.admission.explain's waiting_for), None if it
+    # would be admitted now
+    waiting_for: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -542,11 +546,13 @@ def _replay(
     now: dt.datetime,
     future: _Future,
     in_a_row: int,
+    watch: Watch = NOBODY,
 ) -> tuple[float | None, int, int]:
     """Seconds from now until ``job`` is admitted (None: never), how many queued jobs are
     admitted before it and how many expected submissions, replaying admission with the
     ``quantile`` (0: p50, 1: p90) run times and the ``future`` submissions (``in_a_row``:
-    :func:`_typical`). ``ledger`` is changed: pass a copy."""
+    :func:`_typical`). ``watch`` follows the job through the first pass, the one a worker
+    would run now. ``ledger`` is changed: pass a copy."""
     policy, max_wait = admission.policy_of(ledger)
     # fair_share weighs past usage, which grows as jobs end (quotas.services folds each
     # released hold in): the replay does the same, or a workspace's key would stay as it is
@@ -565,7 +571,9 @@ def _replay(
             max_wait,
             queue=SimulatedQueue(remaining, lambda: _deadlines(releases, now)),
             now=at,
+            watch=watch,
         )
+        watch = NOBODY
         for admitted_job in admitted:
             if admitted_job is job:
                 return clock, ahead, overtakers
@@ -656,12 +664,14 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
     blocker = "approval" if pending else reason_of(ledger, job)
     queue, subject = _queue(job, now)
     if subject is None:
+        far = f"more than {MAX_AHEAD} queued jobs come before it"
         return Prediction(
             _ahead(job) + 1,
             blocker,
             None,
             None,
-            f"more than {MAX_AHEAD} queued jobs come before it: too far back to predict",
+            f"{far}: too far back to predict",
+            waiting_for=_waiting_for(job, ledger, pending) or far,
         )
     rows = _running(job.organization_id, on_host)
     recent = _recent_submissions(job.organization_id, now)
@@ -701,6 +711,7 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
     strict_in = admission.overtaking_ends(subject, *admission.policy_of(ledger), now)
     in_a_row = _holds_in_a_row(queue.index(subject), len(running))
     starts = []
+    watch = Watch(subject.pk, subject.workspace_id)
     for quantile in (0, 1):
         future = _Future(arrivals, history, now, subject=subject, strict_in=strict_in)
         wait, ahead, overtakers = _replay(
@@ -713,12 +724,14 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
             now,
             future,
             in_a_row,
+            watch=NOBODY if quantile else watch,
         )
         starts.append((wait, ahead, overtakers))
     (wait50, ahead, overtakers), (wait90, _, _) = starts
+    waiting_for = _waiting_for(job, ledger, pending) or watch.reason
     if wait50 is None:
         reason = "it does not fit even when every running and earlier job has ended"
-        return Prediction(ahead + 1, blocker, None, None, reason)
+        return Prediction(ahead + 1, blocker, None, None, reason, waiting_for=waiting_for)
     if wait50 == 0 and not pending:
         return Prediction(0, None, now, now)
     p90 = max(wait50, wait90 if wait90 is not None else wait50)
@@ -728,7 +741,16 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
         now + dt.timedelta(seconds=wait50),
         now + dt.timedelta(seconds=p90),
         overtakers=overtakers,
+        waiting_for=waiting_for or "waiting for the next admission pass",
     )
+
+
+def _waiting_for(job: Job, ledger, pending: bool) -> str:
+    """What keeps ``job`` out on its own, in words ('' when nothing does): its approval, or
+    what the ledger says (the rest of the queue is the replay's first pass to say)."""
+    if pending:
+        return f"approval: {job.approval_reason}"
+    return ledger.blocker(job)
 
 
 def _ahead(job: Job) -> int:

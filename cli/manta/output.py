@@ -250,7 +250,7 @@ def show_dry_run(answer: dict[str, Any], *, as_json: bool) -> None:
         console.print("dry run: the job would be admitted now (nothing was submitted)")
     else:
         state = answer.get("state", "")
-        why = answer.get("blocker") or "its place in the queue"
+        why = answer.get("waiting_for") or answer.get("blocker") or "its place in the queue"
         where = "pending approval" if state == "pending_approval" else "queued"
         console.print(
             f"dry run: the job would wait, {where}, at position {answer.get('position')} "

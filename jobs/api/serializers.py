@@ -383,6 +383,13 @@ class DryRunOutput(serializers.Serializer):
         help_text="What it would wait for (a why-waiting reason); null when it would be "
         "admitted now",
     )
+    waiting_for = serializers.CharField(
+        source="prediction.waiting_for",
+        allow_null=True,
+        help_text="What it would wait for, in words, as a queued job's queue.waiting_for says "
+        "it (a limit, a capacity, an earlier job that keeps strict order, capacity held back "
+        "for an overdue job, …); null when it would be admitted now",
+    )
     predicted_start = PredictedStartOutput(source="prediction")
 
     def get_dry_run(self, answer) -> bool:

@@ -50,6 +50,7 @@ def test_dry_runs_answer_and_create_nothing(world, gpu_template):
     answer = fits.json()
     assert answer["dry_run"] is True and answer["would_admit_now"] is True
     assert (answer["state"], answer["position"], answer["blocker"]) == ("queued", 0, None)
+    assert answer["waiting_for"] is None
     assert answer["requested"]["gpu"] == 2
     p50 = dt.datetime.fromisoformat(answer["predicted_start"]["p50"])
     assert abs((p50 - timezone.now()).total_seconds()) < 60
@@ -63,6 +64,7 @@ def test_dry_runs_answer_and_create_nothing(world, gpu_template):
     queues = dry_run(world, body).json()
     assert queues["would_admit_now"] is False
     assert (queues["position"], queues["blocker"]) == (1, "org_capacity")
+    assert queues["waiting_for"] == "organisation gpu capacity 2: 2 reserved, this job needs 2"
     p50 = dt.datetime.fromisoformat(queues["predicted_start"]["p50"])
     assert 2940 <= (p50 - timezone.now()).total_seconds() <= 3000
     assert row_counts() == before
@@ -89,6 +91,30 @@ def test_a_job_that_needs_approval_says_so(world, gpu_template):
         "approval",
     )
     assert answer["approval_reason"]
+    assert answer["waiting_for"] == f"approval: {answer['approval_reason']}"
+
+
+def test_a_job_that_fits_behind_a_strict_head_is_told_whose(world, gpu_template):
+    # fifo, 3 GPUs: a 2-GPU job runs, the next 2-GPU job waits for the one GPU left; a 1-GPU
+    # job would fit, but no job starts before an earlier one.
+    OrgQuota.objects.create(organization=world.org, gpu=3, policy="fifo")
+    body = {"template": gpu_template.pk}
+    running = world.client("developer").post(JOBS, body, format="json").json()["id"]
+    assert admission.admit(world.org.pk) == [running]
+    head = world.client("developer").post(JOBS, body, format="json").json()["id"]
+    small = JobTemplateFactory(
+        workspace=world.ws,
+        name="small",
+        version__spec_changes={
+            "worker_groups": [{"name": "g", "replicas": 1, "cpu": 0, "memory_gb": 0, "gpu": 1}]
+        },
+    )
+    answer = dry_run(world, {"template": small.pk}).json()
+    assert (answer["would_admit_now"], answer["blocker"]) == (False, "admission_pass")
+    assert answer["waiting_for"] == (
+        f"behind job {head}, which comes before it and waits (organisation gpu capacity 3: 2 "
+        "reserved, this job needs 2): under fifo no job starts before an earlier one"
+    )
 
 
 def test_bad_input_is_the_same_400_as_a_submission(world, gpu_template):
