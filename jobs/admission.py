@@ -16,6 +16,7 @@ What refuses a job at submission is ``jobs/submission.py``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as dt
 import heapq
@@ -47,7 +48,7 @@ from .local_host import capacity as host_capacity
 from .models import Job, JobState
 from .pools import pools_yield
 from .preemption import plan_preemptions, promised_jobs
-from .waiting import NOBODY, Watch, Why, held_for, in_this_pass
+from .waiting import NEXT_PASS, NOBODY, Decided, Watch, Why, held_for, in_this_pass
 
 ADVISORY_NAMESPACE = 0x6D61  # "ma": keeps our lock ids apart from other users of pg locks
 HOST_LOCK = -1  # passes that may place jobs on the shared local host take it after their org's
@@ -200,6 +201,7 @@ def plan(
         misses = 0
         ledger.hold(job)
         admitted.append(job)
+        watch.admitted(job)
     return admitted
 
 
@@ -332,6 +334,7 @@ def _plan_fair_share(
         else:
             ledger.hold(job)
             admitted.append(job)
+            watch.admitted(job)
             following = next(queues[ws_id], None)
             if following is not None:
                 heapq.heappush(heap, _fair_key(ledger, ws_id, following, now))
@@ -661,12 +664,11 @@ def _queue_keeps(job: Job, ledger: Ledger, now: dt.datetime) -> str:
             "(their grace period)"
         )
     policy, max_wait = policy_of(ledger)
-    watch = Watch(job.pk, job.workspace_id)
+    watch = Watch(job.pk, job.workspace_id, stop=True)
     queue = DatabaseQueue(organization_id, exclude=promised)
-    admitted = plan(ledger, organization_id, policy, max_wait, queue=queue, now=now, watch=watch)
-    if watch.reason is None or any(chosen.pk == job.pk for chosen in admitted):
-        return "waiting for the next admission pass"
-    return watch.reason
+    with contextlib.suppress(Decided):  # the rest of the pass would not change what it says
+        plan(ledger, organization_id, policy, max_wait, queue=queue, now=now, watch=watch)
+    return watch.reason or NEXT_PASS
 
 
 def _finite(value: float) -> float | None:

@@ -152,6 +152,7 @@ def plan_fair_tree(
         else:
             ledger.hold(job)
             admitted.append(job)
+            watch.admitted(job)
             changed(pk)
             following = next(queues[pk], None)
             if following is None:

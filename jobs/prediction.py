@@ -53,7 +53,7 @@ from . import admission
 from .local_host import HOST, workspaces_on_host
 from .metrics_snapshot import reason_of
 from .models import AttemptState, Job, JobAttempt, JobState
-from .waiting import NOBODY, Watch
+from .waiting import NEXT_PASS, NOBODY, Watch
 
 logger = logging.getLogger(__name__)
 MAX_AHEAD = 500  # queued jobs simulated; a job further back in the queue gets no prediction
@@ -741,7 +741,7 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
         now + dt.timedelta(seconds=wait50),
         now + dt.timedelta(seconds=p90),
         overtakers=overtakers,
-        waiting_for=waiting_for or "waiting for the next admission pass",
+        waiting_for=waiting_for or NEXT_PASS,
     )
 
 

@@ -23,17 +23,44 @@ from typing import Any
 Why = tuple[Callable[..., str], *tuple[Any, ...]]
 
 
-class Watch:
-    """One job's fate in one pass: ``reason`` is what kept it out (None: nothing did)."""
+NEXT_PASS = "waiting for the next admission pass"
+# A stopping watch gives up after the pass admitted this many jobs before its own: a queue of
+# jobs that all fit (workers down) must not make a job's detail replay all of them.
+MOST_ADMITTED = 1000
 
-    def __init__(self, job_pk: int | None, workspace_id: int | None):
-        self.job_pk, self.workspace_id = job_pk, workspace_id
+
+class Decided(Exception):
+    """A stopping watch's job is decided: the rest of the pass is not needed."""
+
+
+class Watch:
+    """One job's fate in one pass: ``reason`` is what kept it out (None: nothing did). With
+    ``stop``, the watch ends the pass (:class:`Decided`) as soon as the job is admitted or
+    passed over, or once the pass has admitted :data:`MOST_ADMITTED` jobs before it: for a pass
+    run only to explain (``jobs.admission.explain``), not for a replay that goes on."""
+
+    def __init__(self, job_pk: int | None, workspace_id: int | None, *, stop: bool = False):
+        self.job_pk, self.workspace_id, self.stop = job_pk, workspace_id, stop
         self.reason: str | None = None
+        self.ahead = 0  # jobs the pass admitted before it
 
     def _keep(self, why: Why, prefix: str = "") -> None:
         if self.reason is None and self.job_pk is not None:
             explain, *args = why
             self.reason = prefix + explain(*args)
+            if self.stop:
+                raise Decided
+
+    def admitted(self, job: Any) -> None:
+        """The pass admitted ``job``."""
+        if self.job_pk is None or not self.stop:
+            return
+        if job.pk == self.job_pk:
+            raise Decided
+        self.ahead += 1
+        if self.ahead >= MOST_ADMITTED:
+            self.reason = f"{NEXT_PASS}, which admits more than {MOST_ADMITTED} jobs before it"
+            raise Decided
 
     def passed(self, job: Any, *why: Any) -> None:
         """The pass did not admit ``job``, for ``why``."""

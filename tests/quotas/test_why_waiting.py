@@ -3,7 +3,7 @@ it out of the next pass, under each policy, with nothing written."""
 
 import pytest
 
-from jobs import admission
+from jobs import admission, waiting
 from jobs.models import Job
 from quotas.models import QuotaGroup, WorkspaceQuota
 from tests.jobs.test_dry_run import row_counts
@@ -116,3 +116,18 @@ def test_fair_share_capacity_held_back_for_an_overdue_job(two_workspaces):
     WorkspaceQuota.objects.update(group=division)
     assert waiting_for(small) == f"gpu at the organisation {held}"
     assert waiting_for(head) == "organisation gpu capacity 3: 2 reserved, this job needs 3"
+
+
+def test_behind_many_jobs_that_fit_the_pass_is_cut_short(two_workspaces, monkeypatch):
+    # Workers down, a queue of jobs that all fit: a job's detail does not replay the whole
+    # queue. The pass stops once it has admitted MOST_ADMITTED jobs before the job.
+    monkeypatch.setattr(waiting, "MOST_ADMITTED", 2)
+    world, spaces, templates = two_workspaces
+    jobs = [
+        queue_job(world, spaces["ml"], templates["ml"], 1, minutes_ago=10 - i) for i in range(4)
+    ]
+    setup_quota(world, 10, "fifo")
+    assert waiting_for(jobs[1]) == NEXT_PASS  # admitted second: decided there
+    assert waiting_for(jobs[3]) == (
+        "waiting for the next admission pass, which admits more than 2 jobs before it"
+    )
