@@ -171,4 +171,5 @@ def held_at(ledger: Ledger, held: tuple[int | None, str], holder: Any) -> str:
     """Why a job waits for ``held`` (a node and a resource) held back for ``holder``."""
     node, name = held
     at = "the organisation" if node is ROOT else f"quota group '{ledger.groups[node].name}'"
-    return held_for(f"{name} at {at}", holder)
+    what = "a place under max_running_jobs" if name == "running" else name
+    return held_for(f"{what} at {at}", holder)
