@@ -666,7 +666,10 @@ def _queue_keeps(job: Job, ledger: Ledger, now: dt.datetime) -> str:
     policy, max_wait = policy_of(ledger)
     watch = Watch(job.pk, job.workspace_id, stop=True)
     queue = DatabaseQueue(organization_id, exclude=promised)
-    with contextlib.suppress(Decided):  # the rest of the pass would not change what it says
+    # In a transaction, as a pass runs: outside one, the queue's server-side cursor would be
+    # WITH HOLD, which PostgreSQL fills with the whole queue before the first row.
+    with transaction.atomic(), contextlib.suppress(Decided):
+        # (Decided: the rest of the pass would not change what it says.)
         plan(ledger, organization_id, policy, max_wait, queue=queue, now=now, watch=watch)
     return watch.reason or NEXT_PASS
 
