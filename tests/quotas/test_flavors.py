@@ -328,3 +328,7 @@ def test_an_overdue_job_owed_a_flavor_holds_back_only_that_flavor(world, typed_h
     assert set(Job.objects.filter(pk__in=[owed, would_take]).values_list("state", flat=True)) == {
         "queued"
     }
+    assert admission.explain(Job.objects.get(pk=would_take))["waiting_for"] == (
+        f"GPU flavor h100 held back for job {owed}, which has waited more than "
+        "balanced_max_wait_seconds for capacity within its workspace's guarantee"
+    )
