@@ -189,7 +189,7 @@ def plan(
     misses = 0
     for job in queue.jobs():
         if blocker := ledger.blocker(job):
-            watch.passed(job, in_this_pass, blocker, admitted)
+            watch.passed(job, "admission_pass", in_this_pass, blocker, admitted)
             if not _may_be_overtaken(job, policy, max_wait, now):
                 watch.stopped(job, _strict_head, job, blocker, policy, max_wait)
                 break
@@ -318,6 +318,7 @@ def _plan_fair_share(
     backfill = Backfill(ledger, now, overdue, queue.deadlines)
     while heap:
         *_, ws_id, job = heapq.heappop(heap)
+        kind = "held_back"
         if why := held_back.keeps(job):
             pass  # it needs what a job ahead of it has waited too long for
         elif blocker := ledger.blocker(job):
@@ -325,7 +326,7 @@ def _plan_fair_share(
                 held_back.hold_for(ledger, job)
             else:
                 backfill.blocked(job, admitted)
-            why = (in_this_pass, blocker, admitted)
+            kind, why = "admission_pass", (in_this_pass, blocker, admitted)
         elif why := held_back.keeps_flavor(ledger, job):
             pass  # it would take a GPU of the flavor an overdue job waits for
         elif not backfill.lets(job):
@@ -340,7 +341,7 @@ def _plan_fair_share(
                 heapq.heappush(heap, _fair_key(ledger, ws_id, following, now))
             continue
         # It does not start: its workspace waits for the rest of the pass.
-        watch.passed(job, *why)
+        watch.passed(job, kind, *why)
         watch.workspace_waits(job, *why)
     return admitted
 

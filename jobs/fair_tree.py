@@ -126,6 +126,7 @@ def plan_fair_tree(
                 break
             node = pk
         job = heads[pk]
+        kind = "held_back"
         if held_back and (held := behind(job)):
             # It needs what a job ahead of it has waited too long for.
             why = (held_at, ledger, held, held_back[held])
@@ -142,7 +143,7 @@ def plan_fair_tree(
                         held_back.setdefault(item, job)
             elif backfill is not None:
                 backfill.blocked(job, admitted)
-            why = (in_this_pass, blocker, admitted)
+            kind, why = "admission_pass", (in_this_pass, blocker, admitted)
         elif held_flavors and ledger.takes_flavor(job, set(held_flavors)):
             # It would take a GPU of the flavor an overdue job waits for.
             flavor = ledger.flavors.flavor_of(job)
@@ -161,7 +162,7 @@ def plan_fair_tree(
                 heads[pk] = following
             continue
         # It does not start: its workspace waits for the rest of the pass.
-        watch.passed(job, *why)
+        watch.passed(job, kind, *why)
         watch.workspace_waits(job, *why)
         drop(pk)
     return admitted

@@ -729,6 +729,8 @@ def predict_start(job: Job, *, now: dt.datetime | None = None) -> Prediction:
         starts.append((wait, ahead, overtakers))
     (wait50, ahead, overtakers), (wait90, _, _) = starts
     waiting_for = _waiting_for(job, ledger, pending) or watch.reason
+    if blocker == "admission_pass" and watch.kind:
+        blocker = watch.kind  # what of the queue keeps it, when it fits on its own
     if wait50 is None:
         reason = "it does not fit even when every running and earlier job has ended"
         return Prediction(ahead + 1, blocker, None, None, reason, waiting_for=waiting_for)

@@ -24,6 +24,11 @@ Why = tuple[Callable[..., str], *tuple[Any, ...]]
 
 
 NEXT_PASS = "waiting for the next admission pass"
+# What a watch says kept its job out, as a category beside the ledger's (a dry run's blocker):
+# the jobs the pass admits first take the room it needs ("admission_pass"), an earlier job
+# keeps order before it ("queue_order"), or what it needs is held back for an overdue job
+# ("held_back").
+QUEUE_REASONS = ("queue_order", "held_back")
 # A stopping watch gives up after the pass admitted this many jobs before its own: a queue of
 # jobs that all fit (workers down) must not make a job's detail replay all of them.
 MOST_ADMITTED = 1000
@@ -42,12 +47,13 @@ class Watch:
     def __init__(self, job_pk: int | None, workspace_id: int | None, *, stop: bool = False):
         self.job_pk, self.workspace_id, self.stop = job_pk, workspace_id, stop
         self.reason: str | None = None
+        self.kind: str | None = None  # its category: "admission_pass" or QUEUE_REASONS
         self.ahead = 0  # jobs the pass admitted before it
 
-    def _keep(self, why: Why, prefix: str = "") -> None:
+    def _keep(self, why: Why, kind: str, prefix: str = "") -> None:
         if self.reason is None and self.job_pk is not None:
             explain, *args = why
-            self.reason = prefix + explain(*args)
+            self.reason, self.kind = prefix + explain(*args), kind
             if self.stop:
                 raise Decided
 
@@ -60,24 +66,26 @@ class Watch:
         self.ahead += 1
         if self.ahead >= MOST_ADMITTED:
             self.reason = f"{NEXT_PASS}, which admits more than {MOST_ADMITTED} jobs before it"
+            self.kind = "admission_pass"
             raise Decided
 
-    def passed(self, job: Any, *why: Any) -> None:
-        """The pass did not admit ``job``, for ``why``."""
+    def passed(self, job: Any, kind: str, *why: Any) -> None:
+        """The pass did not admit ``job``, for ``why`` (of category ``kind``)."""
         if job.pk == self.job_pk:
-            self._keep(why)
+            self._keep(why, kind)
 
     def workspace_waits(self, head: Any, *why: Any) -> None:
         """``head`` does not start (for ``why``), and its workspace's later jobs wait behind it
         for the rest of the pass (``fair_share``)."""
         if head.workspace_id == self.workspace_id and head.pk != self.job_pk:
-            self._keep(why, f"behind job {head.pk}, first in its workspace's queue: ")
+            prefix = f"behind job {head.pk}, first in its workspace's queue: "
+            self._keep(why, "queue_order", prefix)
 
     def stopped(self, at: Any, *why: Any) -> None:
         """The pass looked at no job after ``at``, for ``why``. Kept only for a watched job
         the pass had not reached (the caller knows whether it admitted it)."""
         if at.pk != self.job_pk:
-            self._keep(why)
+            self._keep(why, "queue_order")
 
 
 NOBODY = Watch(None, None)

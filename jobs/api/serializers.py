@@ -7,6 +7,7 @@ from jobs import spec as job_spec
 from jobs.api import dashboard, examples
 from jobs.metrics_snapshot import REASONS
 from jobs.models import Job, JobAttempt, JobEvent, JobState, JobTemplate, JobTemplateVersion
+from jobs.waiting import QUEUE_REASONS
 from workspaces.models import ComputeTargetKind
 
 
@@ -378,7 +379,7 @@ class DryRunOutput(serializers.Serializer):
     )
     blocker = serializers.ChoiceField(
         source="prediction.blocker",
-        choices=REASONS,
+        choices=(*REASONS, *QUEUE_REASONS),
         allow_null=True,
         help_text="What it would wait for (a why-waiting reason); null when it would be "
         "admitted now",

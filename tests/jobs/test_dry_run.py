@@ -110,7 +110,7 @@ def test_a_job_that_fits_behind_a_strict_head_is_told_whose(world, gpu_template)
         },
     )
     answer = dry_run(world, {"template": small.pk}).json()
-    assert (answer["would_admit_now"], answer["blocker"]) == (False, "admission_pass")
+    assert (answer["would_admit_now"], answer["blocker"]) == (False, "queue_order")
     assert answer["waiting_for"] == (
         f"behind job {head}, which comes before it and waits (organisation gpu capacity 3: 2 "
         "reserved, this job needs 2): under fifo no job starts before an earlier one"

@@ -246,7 +246,7 @@ def test_the_replay_follows_the_policy(world, gpu_template):
     assert prediction.predict_start(small).position == 0
     OrgQuota.objects.filter(organization=world.org).update(policy="fifo")
     behind = prediction.predict_start(small)
-    assert (behind.position, behind.blocker) == (2, "admission_pass")
+    assert (behind.position, behind.blocker) == (2, "queue_order")  # it fits on its own
     assert behind.p50 == prediction.predict_start(blocked).p50  # both when the head starts
 
 

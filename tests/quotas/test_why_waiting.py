@@ -5,6 +5,7 @@ import pytest
 
 from jobs import admission, waiting
 from jobs.models import Job
+from jobs.prediction import predict_start
 from quotas.models import QuotaGroup, WorkspaceQuota
 from tests.jobs.test_dry_run import row_counts
 from tests.quotas import test_admission
@@ -45,6 +46,8 @@ def test_fifo_a_job_that_fits_waits_behind_the_head(blocked_head):
         f"behind job {j2}, which comes before it and waits ({CAPACITY}): under fifo no job "
         "starts before an earlier one"
     )
+    predicted = predict_start(Job.objects.get(pk=j3))
+    assert (predicted.blocker, predicted.waiting_for) == ("queue_order", waiting_for(j3))
 
 
 def test_balanced_once_the_head_has_waited_its_turn(blocked_head):
@@ -112,6 +115,8 @@ def test_fair_share_capacity_held_back_for_an_overdue_job(two_workspaces):
         "capacity within its workspace's guarantee"
     )
     assert waiting_for(small) == f"gpu {held}"
+    predicted = predict_start(Job.objects.get(pk=small))  # a dry run's blocker and words
+    assert (predicted.blocker, predicted.waiting_for) == ("held_back", f"gpu {held}")
     division = QuotaGroup.objects.create(organization=world.org, name="division", limit_gpu=8)
     WorkspaceQuota.objects.update(group=division)
     assert waiting_for(small) == f"gpu at the organisation {held}"
