@@ -466,10 +466,8 @@ MANTA_LOG_SAVE_SECONDS = _number("MANTA_LOG_SAVE_SECONDS", 10.0, low=0.1, high=8
 # How much of a driver log's end that copy keeps, and the most logs/ reads of a log at once: a
 # longer log's copy starts with a line saying how many bytes were dropped (jobs/log_archive.py).
 MANTA_LOG_ARCHIVE_BYTES = _number(
-    "MANTA_LOG_ARCHIVE_BYTES", 2 * 1024**2, low=1024, high=1024**4, kind=int
+    "MANTA_LOG_ARCHIVE_BYTES", 2 * 1024**2, low=4096, high=256 * 1024**2, kind=int
 )
-if not 4096 <= MANTA_LOG_ARCHIVE_BYTES <= 256 * 1024**2:
-    raise ImproperlyConfigured("MANTA_LOG_ARCHIVE_BYTES: must be between 4096 and 268435456")
 
 
 # The `local` target's isolation (jobs/launchers/local/sandbox.py) and capacity

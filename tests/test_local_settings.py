@@ -77,6 +77,7 @@ def load(**env: str) -> subprocess.CompletedProcess:
         ("MANTA_PACKAGE_MAX_BYTES", "0", "must be between 1 and"),
         ("MANTA_NODE_RESTARTS", "-3", "must be between 0 and 1,000"),
         ("MANTA_INVITATION_DAYS", "0", "must be between 1 and 3,660"),
+        ("MANTA_LOG_ARCHIVE_BYTES", "1024", "must be between 4,096 and 268,435,456, not 1,024"),
         ("MANTA_METRICS_ALLOWED_NETWORKS", "127.0.0.0/8,prometheus.corp", "must list CIDR"),
         ("MANTA_METRICS_ALLOWED_NETWORKS", "10.0.0.0/33", "must list CIDR networks"),
         ("MANTA_METRICS_TOKEN", "short", "at least 16 printable ASCII characters"),
