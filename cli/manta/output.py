@@ -253,8 +253,8 @@ def show_dry_run(answer: dict[str, Any], *, as_json: bool) -> None:
         why = answer.get("waiting_for") or answer.get("blocker") or "its place in the queue"
         where = "pending approval" if state == "pending_approval" else "queued"
         console.print(
-            f"dry run: the job would wait, {where}, at position {answer.get('position')} "
-            f"for {escape(why)} (nothing was submitted)"
+            f"dry run: the job would wait, {where}, at position {answer.get('position')}: "
+            f"{escape(why)} (nothing was submitted)"
         )
         if answer.get("approval_reason"):
             console.print(f"  approval:  {escape(answer['approval_reason'])}")

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from jobs import console
+from jobs import admission, console
 from jobs.models import Job, JobEvent, JobState
 from quotas.models import WorkspaceQuota
 from tests.factories import (
@@ -28,6 +28,7 @@ from tests.factories import (
     WorkspaceFactory,
     WorkspaceQuotaFactory,
 )
+from tests.quotas.test_admission import bare_template, queue_job, setup_quota
 
 INBOX = "/admin/jobs/job/inbox/"
 HOSTILE = '<script>alert("owned")</script><img src=x onerror=alert(1)>'
@@ -280,6 +281,24 @@ def test_job_page_says_why_a_job_waits_and_that_an_ended_one_has_no_dashboard(wo
     page = admin_client(world).get(job_page(ended)).content.decode()
     assert "its cluster and dashboard are gone" in page and "/dashboard/" not in page
     assert 'id="job-actions"' not in page
+
+
+def test_job_page_says_which_job_a_job_that_fits_waits_behind(world):
+    # fifo, 3 GPUs: a 2-GPU job runs, the next 2-GPU job waits for the GPU it lacks, and a
+    # 1-GPU job that would fit waits behind it. Its page names the job it waits for.
+    template = bare_template(world.ws)
+    setup_quota(world, 3, "fifo")
+    running = queue_job(world, world.ws, template, 2, minutes_ago=30)
+    assert admission.admit(world.org.pk) == [running]
+    head = queue_job(world, world.ws, template, 2, minutes_ago=20)
+    small = queue_job(world, world.ws, template, 1, minutes_ago=10)
+    page = admin_client(world).get(job_page(Job.objects.get(pk=small))).content.decode()
+    waiting = re.search(r'id="job-waiting">(.*?)</dd>', page, re.S).group(1)
+    assert waiting == (
+        f"position 2 of 2 in the queue: behind job {head}, which comes before it and waits "
+        "(organisation gpu capacity 3: 2 reserved, this job needs 2): under fifo no job starts "
+        "before an earlier one"
+    )
 
 
 def test_hostile_tenant_text_is_escaped(world):
