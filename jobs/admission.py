@@ -35,12 +35,13 @@ from quotas import selectors as quota_selectors
 from quotas import services as quota_services
 from quotas.ledger import Ledger, month_start
 from quotas.models import RESOURCES, AdmissionRequests, QueuePolicy
+from quotas.tree import ROOT
 from workspaces.models import Organization, Workspace
 
 from . import dispatch
 from .accounting import gpu_hours, gpu_hours_by_flavor
 from .attempts import attempts_create, attempts_preempt
-from .backfill import Backfill, Deadline
+from .backfill import Backfill, Deadline, HeldBack
 from .fair_tree import plan_fair_tree
 from .gpu_pools import gpu_pools
 from .local_host import HOST, workspaces_on_host
@@ -48,7 +49,7 @@ from .local_host import capacity as host_capacity
 from .models import Job, JobState
 from .pools import pools_yield
 from .preemption import plan_preemptions, promised_jobs
-from .waiting import NEXT_PASS, NOBODY, Decided, Watch, Why, held_for, in_this_pass
+from .waiting import NEXT_PASS, NOBODY, Decided, Watch, in_this_pass
 
 ADVISORY_NAMESPACE = 0x6D61  # "ma": keeps our lock ids apart from other users of pg locks
 HOST_LOCK = -1  # passes that may place jobs on the shared local host take it after their org's
@@ -314,20 +315,20 @@ def _plan_fair_share(
         if head is not None:
             heapq.heappush(heap, _fair_key(ledger, ws, head, now))
     admitted: list[Job] = []
-    held_back = HeldBack()
+    held_back = HeldBack(ledger)
     backfill = Backfill(ledger, now, overdue, queue.deadlines)
     while heap:
         *_, ws_id, job = heapq.heappop(heap)
-        kind = "held_back"
+        category = "held_back"
         if why := held_back.keeps(job):
             pass  # it needs what a job ahead of it has waited too long for
         elif blocker := ledger.blocker(job):
             if overdue(job) and _owed(ledger, job):
-                held_back.hold_for(ledger, job)
+                held_back.hold_for(job, [(ROOT, name) for name in ledger.short_of(job)])
             else:
                 backfill.blocked(job, admitted)
-            kind, why = "admission_pass", (in_this_pass, blocker, admitted)
-        elif why := held_back.keeps_flavor(ledger, job):
+            category, why = "admission_pass", (in_this_pass, blocker, admitted)
+        elif why := held_back.keeps_flavor(job):
             pass  # it would take a GPU of the flavor an overdue job waits for
         elif not backfill.lets(job):
             # It would delay an overdue head beyond its guarantee past its shadow time.
@@ -341,44 +342,9 @@ def _plan_fair_share(
                 heapq.heappush(heap, _fair_key(ledger, ws_id, following, now))
             continue
         # It does not start: its workspace waits for the rest of the pass.
-        watch.passed(job, kind, *why)
+        watch.passed(job, category, *why)
         watch.workspace_waits(job, *why)
     return admitted
-
-
-class HeldBack:
-    """What overdue jobs owed their guarantee hold back in one ``fair_share`` pass: the
-    resources the organisation is short of for each, else the GPU flavors it accepts when a
-    flavor is all that keeps it out, else everything; each with the job it is held for."""
-
-    def __init__(self):
-        self.resources: dict[str, Job] = {}
-        self.flavors: dict[str, Job] = {}
-
-    def hold_for(self, ledger: Ledger, job: Job) -> None:
-        short = ledger.short_of(job)
-        if not short:
-            flavors = ledger.flavors_short_of(job)
-            for flavor in flavors:
-                self.flavors.setdefault(flavor, job)
-            if flavors:
-                return
-        for name in short or RESOURCES:
-            self.resources.setdefault(name, job)
-
-    def keeps(self, job: Job) -> Why | None:
-        """Whether ``job`` needs a resource held back for another: None when it does not,
-        else what says so."""
-        names = [name for name in self.resources if job.requested[name]]
-        return (held_for, ", ".join(names), self.resources[names[0]]) if names else None
-
-    def keeps_flavor(self, ledger: Ledger, job: Job) -> Why | None:
-        """Whether ``job``, which fits, would take a GPU of a flavor held back for another:
-        None when it would not, else what says so."""
-        if not self.flavors or not ledger.takes_flavor(job, set(self.flavors)):
-            return None
-        flavor = ledger.flavors.flavor_of(job)
-        return (held_for, f"GPU flavor {flavor}", self.flavors[flavor])
 
 
 def _owed(ledger: Ledger, job: Job) -> bool:

@@ -3,7 +3,7 @@ and Maui's backfill schedulers do it), with the jobs' runtime limits as their ru
 
 Under ``fair_share`` a head that does not fit lets the other workspaces go first. For a head
 within its workspace's guarantee that has waited too long, admission holds back what it lacks
-outright (``jobs.admission.HeldBack``). A head beyond its guarantee holds nothing back: a
+outright (:class:`HeldBack`). A head beyond its guarantee holds nothing back: a
 workspace whose jobs are larger than its share would otherwise keep every GPU it frees from
 going to anyone else. Without it, though, such a head starves: every GPU that frees up goes to
 a smaller job, and a workspace of 8-GPU jobs under a small guarantee waits for a moment when 8
@@ -39,7 +39,10 @@ from typing import Any
 from django.conf import settings
 
 from quotas.ledger import EPSILON, Claim, Ledger
+from quotas.models import RESOURCES
 from quotas.tree import ROOT
+
+from .waiting import Why, held_for
 
 # What the organisation holds, each with its deadline: (deadline, its workspace, resources held).
 Deadline = tuple[dt.datetime, int, dict[str, float]]
@@ -118,6 +121,56 @@ def _free(ledger: Ledger, place: Place) -> float:
         return getattr(ledger.org_quota, name) - getattr(ledger.org, name)
     limit = getattr(ledger.tree.groups[node], f"limit_{name}")
     return limit - getattr(ledger.tree.usage[node], name)
+
+
+class HeldBack:
+    """What overdue heads owed their guarantee hold back outright in one ``fair_share`` pass
+    (the flat heap of ``jobs/admission.py`` and the Fair Tree alike), each with the job it is
+    held for: at each place a head is short at, that resource (or, for ``running``, a place
+    under the node's max_running_jobs), else the GPU flavors it accepts when a flavor is all
+    that keeps it out, else every resource of the organisation. Held back at a group, a
+    resource stays free for the other subtrees."""
+
+    def __init__(self, ledger: Ledger):
+        self.ledger = ledger
+        self.places: dict[Place, Any] = {}
+        self.flavors: dict[str, Any] = {}
+
+    def hold_for(self, job: Any, places: list[Place]) -> None:
+        """Hold back for ``job`` what it lacks at ``places`` (where it is short)."""
+        flavors = set() if places else self.ledger.flavors_short_of(job)
+        for flavor in flavors:
+            self.flavors.setdefault(flavor, job)
+        if places or not flavors:
+            for place in places or [(ROOT, name) for name in RESOURCES]:
+                self.places.setdefault(place, job)
+
+    def keeps(self, job: Any) -> Why | None:
+        """Whether ``job`` needs what is held back for another: None when it does not, else
+        what says so."""
+        if not self.places:
+            return None
+        path = self.ledger.tree.path(job.workspace_id)
+        for (node, name), holder in self.places.items():
+            if (node is ROOT or node in path) and (name == "running" or job.requested[name]):
+                return (self._held_at, node, name, holder)
+        return None
+
+    def keeps_flavor(self, job: Any) -> Why | None:
+        """Whether ``job``, which fits, would take a GPU of a flavor held back for another:
+        None when it would not, else what says so."""
+        if not self.flavors or not self.ledger.takes_flavor(job, set(self.flavors)):
+            return None
+        flavor = self.ledger.flavors.flavor_of(job)
+        return (held_for, f"GPU flavor {flavor}", self.flavors[flavor])
+
+    def _held_at(self, node: int | None, name: str, holder: Any) -> str:
+        what = "a place under max_running_jobs" if name == "running" else name
+        if node is not ROOT:
+            what += f" at quota group '{self.ledger.groups[node].name}'"
+        elif self.ledger.groups:
+            what += " at the organisation"
+        return held_for(what, holder)
 
 
 class Backfill:

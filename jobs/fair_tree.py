@@ -23,10 +23,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from quotas.ledger import Ledger
-from quotas.models import RESOURCES
 
-from .backfill import Backfill
-from .waiting import NOBODY, Watch, held_for, in_this_pass
+from .backfill import Backfill, HeldBack
+from .waiting import NOBODY, Watch, in_this_pass
 
 ROOT = None
 
@@ -101,22 +100,7 @@ def plan_fair_tree(
         for group_id in tree.path(ws):
             active[group_id] -= 1
 
-    # What overdue jobs hold back, each with the job it is held for: (node, resource or
-    # "running"), and GPU flavors.
-    held_back: dict[tuple[int | None, str], Any] = {}
-    held_flavors: dict[str, Any] = {}
-
-    def behind(job: Any) -> tuple[int | None, str] | None:
-        path = tree.path(job.workspace_id)
-        return next(
-            (
-                (node, name)
-                for node, name in held_back
-                if (node is ROOT or node in path) and (name == "running" or job.requested[name])
-            ),
-            None,
-        )
-
+    held_back = HeldBack(ledger)  # what overdue heads owed their guarantee hold back
     admitted: list[Any] = []
     while heads:
         node: int | None = ROOT
@@ -126,28 +110,17 @@ def plan_fair_tree(
                 break
             node = pk
         job = heads[pk]
-        kind = "held_back"
-        if held_back and (held := behind(job)):
-            # It needs what a job ahead of it has waited too long for.
-            why = (held_at, ledger, held, held_back[held])
+        category = "held_back"
+        if why := held_back.keeps(job):
+            pass  # it needs what a job ahead of it has waited too long for
         elif blocker := ledger.blocker(job):
             if overdue(job):
-                # What it is short of, else the GPU flavors it accepts (a flavor is all that
-                # keeps it out), else everything: as jobs.admission.HeldBack.
-                short = [(node, name) for node, name, _ in ledger.shortages(job)]
-                flavors = set() if short else ledger.flavors_short_of(job)
-                for flavor in flavors:
-                    held_flavors.setdefault(flavor, job)
-                if short or not flavors:
-                    for item in short or [(ROOT, name) for name in RESOURCES]:
-                        held_back.setdefault(item, job)
+                held_back.hold_for(job, [(at, name) for at, name, _ in ledger.shortages(job)])
             elif backfill is not None:
                 backfill.blocked(job, admitted)
-            kind, why = "admission_pass", (in_this_pass, blocker, admitted)
-        elif held_flavors and ledger.takes_flavor(job, set(held_flavors)):
-            # It would take a GPU of the flavor an overdue job waits for.
-            flavor = ledger.flavors.flavor_of(job)
-            why = (held_for, f"GPU flavor {flavor}", held_flavors[flavor])
+            category, why = "admission_pass", (in_this_pass, blocker, admitted)
+        elif why := held_back.keeps_flavor(job):
+            pass  # it would take a GPU of the flavor an overdue job waits for
         elif backfill is not None and not backfill.lets(job):
             why = (backfill.why, job)  # it would delay an overdue head past its shadow time
         else:
@@ -162,15 +135,7 @@ def plan_fair_tree(
                 heads[pk] = following
             continue
         # It does not start: its workspace waits for the rest of the pass.
-        watch.passed(job, kind, *why)
+        watch.passed(job, category, *why)
         watch.workspace_waits(job, *why)
         drop(pk)
     return admitted
-
-
-def held_at(ledger: Ledger, held: tuple[int | None, str], holder: Any) -> str:
-    """Why a job waits for ``held`` (a node and a resource) held back for ``holder``."""
-    node, name = held
-    at = "the organisation" if node is ROOT else f"quota group '{ledger.groups[node].name}'"
-    what = "a place under max_running_jobs" if name == "running" else name
-    return held_for(f"{what} at {at}", holder)
