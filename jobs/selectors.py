@@ -1,6 +1,8 @@
 """Reads of templates and jobs, scoped to one workspace (the tenant view resolved it)."""
 
+from django.db import connection
 from django.db.models import F, FilteredRelation, Q, QuerySet, Value
+from django.db.models.expressions import RawSQL
 
 from config.prepared import PreparedRead
 from packages.models import CodePackage
@@ -27,18 +29,34 @@ def templates_with_latest(workspace) -> QuerySet[JobTemplate]:
 
 
 # A submission's template with its latest version, compiled once per connection
-# (config/prepared.py): every job POST reads it.
-_SUBMITTED_TEMPLATE = PreparedRead(
-    lambda workspace_id, template_id: (
-        templates_with_latest(workspace_id).filter(pk=template_id).order_by("pk")[:1]
-    ),
-    int,
-    int,
-)
+# (config/prepared.py): every job POST reads it. A submission also draws its job's id from the
+# table's sequence in the same statement (``NEW_JOB_ID``): its rows are written in one
+# statement, and the timeline, audit and outbox rows name the job.
+NEW_JOB_ID = "new_job_id"
 
 
-def template_for_submission(workspace, template_id: int) -> JobTemplate | None:
-    """The workspace's (unarchived) template ``template_id`` with its latest version, or None."""
+def _read(draw_id: bool):
+    def build(workspace_id: int, template_id: int) -> QuerySet[JobTemplate]:
+        found = templates_with_latest(workspace_id).filter(pk=template_id)
+        if draw_id:
+            sequence = f"pg_get_serial_sequence('{Job._meta.db_table}', 'id')"
+            found = found.annotate(**{NEW_JOB_ID: RawSQL(f"nextval({sequence})", ())})
+        return found.order_by("pk")[:1]
+
+    return PreparedRead(build, int, int)
+
+
+_SUBMITTED_TEMPLATE, _SUBMITTED_TEMPLATE_AND_ID = _read(False), _read(True)
+
+
+def template_for_submission(
+    workspace, template_id: int, *, draw_job_id: bool = False
+) -> JobTemplate | None:
+    """The workspace's (unarchived) template ``template_id`` with its latest version, or None;
+    with ``draw_job_id`` (on PostgreSQL), a new job's id drawn in the same read, as
+    ``NEW_JOB_ID`` (``services.job_submit`` takes it)."""
+    if draw_job_id and connection.vendor == "postgresql":
+        return _SUBMITTED_TEMPLATE_AND_ID.first(workspace.pk, template_id)
     return _SUBMITTED_TEMPLATE.first(workspace.pk, template_id)
 
 

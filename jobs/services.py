@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from rest_framework import serializers
 
 from audit import services as audit
 from audit.context import Actor
-from config.db import insert_rows
+from config.db import insert_rows, one_statement
 from config.errors import Conflict, Forbidden, InvalidInput, invalid_from_serializer
 from outbox.services import event_emit
 from packages.services import download_urls_available as package_download_available
@@ -20,6 +20,7 @@ from packages.sources import source_require
 from workspaces.archive import require_active
 from workspaces.models import ApprovalPolicy, ComputeTargetKind, Workspace
 
+from . import selectors
 from . import spec as job_spec
 from .admission import admit_inline
 from .local_host import capacity as host_capacity
@@ -356,25 +357,42 @@ def job_submit(
         name=name,
         overrides=overrides,
     )
-    # Its workspace, organisation and submitter are at hand: no re-read.
-    insert_rows(Job, [job])
+    # Its id is known before it is written, so its four rows (the job, its timeline entry, its
+    # audit event, its outbox event) go to the database as one statement. Its workspace,
+    # organisation and submitter are at hand: no re-read.
+    job.pk = _new_job_id(template)
     version, reason = job.template_version, job.approval_reason
-    # A job queued at once: admitted in this process once this commits (one hop to its launch
-    # task), before the outbox's wake-up of the dispatcher that record_event registers.
-    run_state_hooks(job, admit_here=admit_inline)
-    record_event(
-        job,
-        from_state="",
-        kind="submitted",
-        actor=actor,
-        reason=reason,
-        data={"template": template.name, "template_version": version.version}
-        if template
-        else {"template": None},
-        audit_action="job.submit",
-        changes={"state": [None, job.state]},
-    )
+    with one_statement():
+        insert_rows(Job, [job])
+        # A job queued at once: admitted in this process once this commits (one hop to its
+        # launch task), before the outbox's wake-up of the dispatcher that record_event
+        # registers.
+        run_state_hooks(job, admit_here=admit_inline)
+        record_event(
+            job,
+            from_state="",
+            kind="submitted",
+            actor=actor,
+            reason=reason,
+            data={"template": template.name, "template_version": version.version}
+            if template
+            else {"template": None},
+            audit_action="job.submit",
+            changes={"state": [None, job.state]},
+        )
     return job
+
+
+def _new_job_id(template: JobTemplate | None) -> int | None:
+    """A new job's id: the one drawn with its template (``selectors.template_for_submission``),
+    else the next of the table's sequence; None where the database makes it on insert (not
+    PostgreSQL)."""
+    drawn = getattr(template, selectors.NEW_JOB_ID, None)
+    if drawn is not None or connection.vendor != "postgresql":
+        return drawn
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT nextval(pg_get_serial_sequence('{Job._meta.db_table}', 'id'))")
+        return cursor.fetchone()[0]
 
 
 def _decide(actor: Actor, job: Job, to_state: str, **kwargs) -> Job:

@@ -5,11 +5,13 @@ are saved. Rows they do not handle go through ``bulk_create`` itself."""
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import DataError, connection, transaction
 from django.db.models import Value
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from audit.chain import verify_chain
+from audit.models import AuditEvent
 from config.db import COPY_ABOVE, copy_insert, insert_rows
 from jobs.models import Job, JobEvent
 from outbox.models import DomainEvent
@@ -104,17 +106,30 @@ def test_the_statement_is_kept_per_model_and_row_count():
     connection.__dict__.pop("_manta_insert_sql", None)  # what earlier tests kept
     copy_insert(JobEvent, events(job, 2))
     kept = connection._manta_insert_sql
-    assert (JobEvent, 2) in kept and (JobEvent, 1) not in kept
+    assert (JobEvent, 2, False) in kept and (JobEvent, 1, False) not in kept
     copy_insert(JobEvent, events(job, 1))
-    assert kept[(JobEvent, 1)].count("(%s") == 1 and kept[(JobEvent, 2)].count("(%s") == 2
+    assert kept[(JobEvent, 1, False)].count("(%s") == 1
+    assert kept[(JobEvent, 2, False)].count("(%s") == 2
+
+
+def test_ids_the_caller_chose_are_written():
+    job = f.JobFactory()
+    given, django_s = events(job, 2), events(job, 1)
+    given[0].pk, given[1].pk = 10**9, 10**9 + 1
+    with CaptureQueriesContext(connection) as queries:
+        insert_rows(JobEvent, given)
+    assert len(queries.captured_queries) == 1
+    assert [e.pk for e in given] == [10**9, 10**9 + 1]
+    JobEvent.objects.bulk_create(django_s)
+    assert columns(JobEvent, [10**9]) == columns(JobEvent, [django_s[0].pk])
+    mixed = events(job, 2)
+    mixed[0].pk = 10**9 + 2  # one chosen, one not: bulk_create's affair
+    insert_rows(JobEvent, mixed)
+    assert JobEvent.objects.filter(pk=10**9 + 2).exists() and mixed[1].pk is not None
 
 
 def test_rows_it_does_not_handle_go_through_bulk_create():
     job = f.JobFactory()
-    given = events(job, 1)
-    given[0].pk = 10**9  # an id chosen by the caller
-    insert_rows(JobEvent, given)
-    assert JobEvent.objects.filter(pk=10**9).exists()
     expressed = events(job, 1)
     expressed[0].actor_label = Value("from an expression")
     insert_rows(JobEvent, expressed)
@@ -126,3 +141,46 @@ def test_an_unsaved_related_row_is_refused_as_bulk_create_refuses_it():
     job = f.JobFactory.build()
     with pytest.raises(ValueError, match="unsaved related object"):
         insert_rows(JobEvent, events(job, 1))
+
+
+def test_one_statement_sends_the_blocks_writes_together():
+    from audit import services as audit
+    from audit.context import Actor
+    from config.db import one_statement
+
+    job = f.JobFactory()
+    timeline, outbox = events(job, 2), domain_events(job, 1)
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        with one_statement():
+            insert_rows(JobEvent, timeline)
+            copy_insert(DomainEvent, outbox)
+            (event,) = audit.record_many(
+                actor=Actor.system("test"),
+                organization=job.organization,
+                entries=[{"action": "job.submit", "target": job, "workspace": job.workspace}],
+            )
+            assert timeline[0].pk is None and event.seq == 0  # waiting
+        assert timeline[0].pk is not None and timeline[1].pk == timeline[0].pk + 1
+        assert event.seq >= 1 and len(event.hash) == 64
+    (written,) = [q["sql"] for q in queries.captured_queries if q["sql"] != "BEGIN"][:1]
+    assert written.startswith("WITH w0 AS (INSERT") and "audit_append" in written
+    assert JobEvent.objects.filter(pk__in=[e.pk for e in timeline]).count() == 2
+    assert DomainEvent.objects.filter(pk=outbox[0].pk).exists()
+    assert AuditEvent.objects.get(pk=event.pk).hash == event.hash
+    assert verify_chain(event.chain).ok
+
+
+def test_a_read_in_the_block_sees_what_waited_and_an_error_rolls_back_everything():
+    from config.db import one_statement
+
+    job = f.JobFactory()
+    with transaction.atomic(), one_statement():
+        insert_rows(JobEvent, events(job, 1))
+        assert JobEvent.objects.filter(job=job).count() == 1  # sent before the read
+    broken = events(job, 1)
+    broken[0].actor_label = "x" * 10_000  # too long for its column: refused when it is sent
+    before = JobEvent.objects.count()
+    with pytest.raises(DataError), transaction.atomic(), one_statement():
+        insert_rows(JobEvent, events(job, 1))
+        insert_rows(JobEvent, broken)
+    assert JobEvent.objects.count() == before

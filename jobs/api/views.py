@@ -212,14 +212,17 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
             return Response(s.DryRunOutput(prediction.dry_run(job)).data)
         return self._submit(request, explain="position" in query.validated_data["include"])
 
-    def _submission(self, request) -> dict:
-        """The submission's arguments, parsed from the body."""
+    def _submission(self, request, *, draw_job_id: bool = False) -> dict:
+        """The submission's arguments, parsed from the body (``draw_job_id``: see
+        ``selectors.template_for_submission``)."""
         data = s.JobSubmitInput(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
         template = None
         if "template" in values:
-            template = selectors.template_for_submission(self.workspace, values["template"])
+            template = selectors.template_for_submission(
+                self.workspace, values["template"], draw_job_id=draw_job_id
+            )
             if template is None:
                 missing = {"template": ["no such template in this workspace"]}
                 raise exceptions.ValidationError(missing)
@@ -233,7 +236,7 @@ class JobViewSet(ThrottledViewMixin, WorkspaceViewSet):
 
     @idempotent(replay_status=status.HTTP_200_OK)
     def _submit(self, request, *, explain: bool):
-        job = services.job_submit(actor=self.actor, **self._submission(request))
+        job = services.job_submit(actor=self.actor, **self._submission(request, draw_job_id=True))
         # Rendered from the rows the submission holds (a new job has no attempts), without
         # reading it back; its place in the queue only when asked for (a count over the queue).
         selectors.known_to_have_no_attempts(job)
