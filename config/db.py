@@ -33,6 +33,22 @@ from django.utils import timezone
 COPY_ABOVE = 20  # below this a multi-row INSERT is as fast and returns ids
 
 
+def _keep_parsed_statements() -> None:
+    """psycopg finds a statement's placeholders once per text and keeps what it found, but only
+    for texts of at most 4,096 characters and 50 parameters; a submission's one statement (the
+    job alone has 32 columns) is longer, and was parsed again on every request (~0.5 ms of
+    CPU). Its limits are module constants, read on every call: raise them. Our statements
+    come from a few fixed shapes, and the cache keeps the 128 most recent."""
+    from psycopg import _queries
+
+    if hasattr(_queries, "MAX_CACHED_STATEMENT_LENGTH"):
+        _queries.MAX_CACHED_STATEMENT_LENGTH = max(_queries.MAX_CACHED_STATEMENT_LENGTH, 16_384)
+        _queries.MAX_CACHED_STATEMENT_PARAMS = max(_queries.MAX_CACHED_STATEMENT_PARAMS, 200)
+
+
+_keep_parsed_statements()
+
+
 def insert_rows(model: type[models.Model], objs: list[models.Model]) -> list[models.Model]:
     """A few plain rows in one ``INSERT … RETURNING`` their ids: what ``bulk_create`` makes of
     them (each value through its field's ``pre_save`` and ``get_db_prep_save``, the ids set,

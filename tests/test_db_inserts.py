@@ -184,3 +184,23 @@ def test_a_read_in_the_block_sees_what_waited_and_an_error_rolls_back_everything
         insert_rows(JobEvent, events(job, 1))
         insert_rows(JobEvent, broken)
     assert JobEvent.objects.count() == before
+
+
+def test_the_one_statement_is_parsed_once_per_text():
+    """A job's row and three events: 60 parameters, over psycopg's own limit (50) for keeping
+    what it parsed of a text."""
+    from psycopg import _queries
+
+    from config.db import one_statement
+
+    model = f.JobFactory()
+    values = {field.attname: getattr(model, field.attname) for field in Job._meta.fields}
+    for round_ in range(3):
+        job = Job(**{**values, "id": None, "created_at": None, "updated_at": None})
+        with transaction.atomic(), one_statement():
+            insert_rows(Job, [job])
+            insert_rows(JobEvent, events(model, 3))
+        if round_ == 0:
+            before = _queries._query2pg.cache_info()
+    after = _queries._query2pg.cache_info()
+    assert after.hits >= before.hits + 2 and after.misses == before.misses
