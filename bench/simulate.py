@@ -115,8 +115,9 @@ def build(trace: Trace, policy: str, *, preemption: bool, slug: str, fair: bool 
         fair_share_preemption=fair,
         **trace.capacity,
     )
-    # A victim leaves at once: the replay has no driver to give a grace period to.
-    type(org).objects.filter(pk=org.pk).update(preemption_grace_seconds=0)
+    # A victim leaves at once: the replay has no driver to give a grace period to. The
+    # organisation exists from the trace's start (the simulated clock's 0).
+    type(org).objects.filter(pk=org.pk).update(preemption_grace_seconds=0, created_at=EPOCH)
     workspaces = []
     for index, guarantee in enumerate(trace.guarantees):
         ws = services.workspace_create(actor=system, organization=org, slug=f"w{index}")

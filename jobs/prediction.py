@@ -397,7 +397,8 @@ def _running(organization_id: int, on_host: set[int]) -> list[tuple]:
 
 def _recent_submissions(organization_id: int, now: dt.datetime) -> list[tuple]:
     """The organisation's most recent submissions (at most :data:`ARRIVAL_SAMPLE`, within
-    :data:`ARRIVAL_WINDOW` seconds of ``now``), newest first, as :func:`_arrivals` reads them."""
+    :data:`ARRIVAL_WINDOW` seconds of ``now``), newest first, as :func:`_arrivals` reads them,
+    each with when the organisation was created."""
     since = now - dt.timedelta(seconds=ARRIVAL_WINDOW)
     return list(
         Job.objects.filter(
@@ -417,6 +418,7 @@ def _recent_submissions(organization_id: int, now: dt.datetime) -> list[tuple]:
             "scanned_max_runtime",
             "template_id",
             "scanned_gpu_flavor",
+            "organization__created_at",
         )[:ARRIVAL_SAMPLE]
     )
 
@@ -442,14 +444,19 @@ def _arrivals(rows: list[tuple], organization_id: int, now: dt.datetime) -> Arri
     window submits one every window ÷ n seconds from now on (a Poisson process's mean rate;
     arrivals come in bursts, but a prediction cannot know when the next one comes). Fewer than
     :data:`MIN_ARRIVALS` submissions: none. The window is :data:`ARRIVAL_WINDOW`, or, when the
-    sample is full, the time its oldest submission goes back."""
+    sample is full, the time its oldest submission goes back, or, for an organisation younger
+    than the window, its age (it could not submit before it existed: a window longer than its
+    life would spread its submissions over time when it sent none). Its age is at least that
+    of its oldest submission (rows imported with their own times)."""
     if len(rows) < MIN_ARRIVALS:
         return Arrivals({}, {})
-    span = ARRIVAL_WINDOW
+    born = min(rows[0][-1], rows[-1][0])
+    span = min(ARRIVAL_WINDOW, (now - born).total_seconds())
     if len(rows) >= ARRIVAL_SAMPLE:
-        span = max(1.0, (now - rows[-1][0]).total_seconds())
+        span = (now - rows[-1][0]).total_seconds()
+    span = max(1.0, span)
     jobs: dict[int, list[Queued]] = defaultdict(list)
-    for _, ws_id, priority, *amounts, max_runtime, template_id, flavors in rows:
+    for _, ws_id, priority, *amounts, max_runtime, template_id, flavors, _ in rows:
         jobs[ws_id].append(
             Queued(
                 0,

@@ -439,6 +439,28 @@ def submitted(template, count: int, *, within: float, now, priority: int = 5) ->
         )
 
 
+def test_a_young_organisations_rate_is_taken_over_its_life(world, gpu_template):
+    """12 submissions in the hour since the organisation was created: one every 5 minutes,
+    not one every 30 (the six-hour window would spread them over five hours it did not
+    exist). An organisation older than the window: over the window."""
+    now = timezone.now()
+    submitted(gpu_template, 12, within=3600, now=now)
+    type(world.org).objects.filter(pk=world.org.pk).update(
+        created_at=now - dt.timedelta(seconds=3600)
+    )
+
+    def every() -> float:
+        rows = prediction._recent_submissions(world.org.pk, now)
+        return prediction._arrivals(rows, world.org.pk, now).every[world.ws.pk]
+
+    assert every() == pytest.approx(300)
+    type(world.org).objects.filter(pk=world.org.pk).update(created_at=now - dt.timedelta(days=30))
+    assert every() == pytest.approx(prediction.ARRIVAL_WINDOW / 12)
+    # Rows older than the organisation's own record (imported): its life is at least theirs.
+    type(world.org).objects.filter(pk=world.org.pk).update(created_at=now)
+    assert every() == pytest.approx(300)
+
+
 def two_workspaces(world, gpu_template, guarantee: float):
     other = WorkspaceFactory(organization=world.org, slug="other")
     for workspace in (world.ws, other):
