@@ -143,8 +143,9 @@ def one_statement() -> Iterator[None]:
     runs any other statement (a read, a COPY), so that statement sees them. Use it inside a
     transaction: an error in the writes is raised when they are sent, at the latest at the end
     of the block. The CTEs run in one snapshot, so no write in a block may read what another
-    writes (the rows' foreign keys are checked at the end of the statement, and may point at
-    each other). A block inside a block joins it; elsewhere than PostgreSQL, nothing waits."""
+    writes; the rows' foreign keys are checked once they are all written (at the end of the
+    statement, or at the commit for Django's deferred ones), so they may point at each other.
+    A block inside a block joins it; elsewhere than PostgreSQL, nothing waits."""
     if connection.vendor != "postgresql" or _waiting() is not None:
         yield
         return
