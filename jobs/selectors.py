@@ -33,14 +33,15 @@ def templates_with_latest(workspace) -> QuerySet[JobTemplate]:
 # table's sequence in the same statement (``NEW_JOB_ID``): its rows are written in one
 # statement, and the timeline, audit and outbox rows name the job.
 NEW_JOB_ID = "new_job_id"
+# The next value of the job table's id sequence, as SQL: drawn with the template, or alone.
+DRAW_JOB_ID = f"nextval(pg_get_serial_sequence('{Job._meta.db_table}', 'id'))"
 
 
 def _read(draw_id: bool):
     def build(workspace_id: int, template_id: int) -> QuerySet[JobTemplate]:
         found = templates_with_latest(workspace_id).filter(pk=template_id)
         if draw_id:
-            sequence = f"pg_get_serial_sequence('{Job._meta.db_table}', 'id')"
-            found = found.annotate(**{NEW_JOB_ID: RawSQL(f"nextval({sequence})", ())})
+            found = found.annotate(**{NEW_JOB_ID: RawSQL(DRAW_JOB_ID, ())})
         return found.order_by("pk")[:1]
 
     return PreparedRead(build, int, int)

@@ -391,7 +391,7 @@ def _new_job_id(template: JobTemplate | None) -> int | None:
     if drawn is not None or connection.vendor != "postgresql":
         return drawn
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT nextval(pg_get_serial_sequence('{Job._meta.db_table}', 'id'))")
+        cursor.execute(f"SELECT {selectors.DRAW_JOB_ID}")
         return cursor.fetchone()[0]
 
 
