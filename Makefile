@@ -64,14 +64,17 @@ test-deps:
 	@$(call apt_missing,$(TEST_TOOLS),)
 
 # The tests that start no cluster, worker or sandbox run in two processes (each with its own
-# database, Redis database and dirs: tests/settings.py); then, one at a time, those that do
-# (marked `alone` by tests/conftest.py), which share the host's CPUs, cgroups and leases.
-# PYTEST_ARGS goes to both; a phase it leaves without tests (exit status 5) is not a failure.
+# database, Redis database and dirs: tests/settings.py); then those that do (marked `alone` by
+# tests/conftest.py), two files at a time, most of their time spent waiting on Ray and sleeping
+# jobs; then, one at a time, those marked `whole_host` (they measure the host's disk or a CPU,
+# lease its GPUs or time themselves). PYTEST_ARGS goes to all three; a phase it leaves without
+# tests (exit status 5) is not a failure.
 test: install test-tools system-deps test-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest -n 2 --dist loadfile -m "not alone" $(PYTEST_ARGS) || [ $$? = 5 ]
-	$(BIN)/pytest -m alone $(PYTEST_ARGS) || [ $$? = 5 ]
+	$(BIN)/pytest -n 2 --dist loadfile -m "alone and not whole_host" $(PYTEST_ARGS) || [ $$? = 5 ]
+	$(BIN)/pytest -m whole_host $(PYTEST_ARGS) || [ $$? = 5 ]
 
 demo: install system-deps
 	$(BIN)/python scripts/demo.py

@@ -22,10 +22,13 @@ from tests.factories import (
 )
 from workspaces.models import Organization, User, Workspace
 
-# What `make test` runs on its own, after the rest has run in two processes: whatever starts Ray
-# clusters, Celery workers or sandboxes on this host (marked ray or e2e, and every launcher test:
-# cgroups, nftables, loop devices and leases are the host's, not a test database's).
-ALONE = ("ray", "e2e")
+# What `make test` runs after the rest: whatever starts Ray clusters, Celery workers or sandboxes
+# on this host (marked ray or e2e, and every launcher test: cgroups, nftables, loop devices and
+# leases are the host's, not a test database's). Two at a time, each pytest-xdist process with
+# its own directories and Redis database (tests/settings.py); then one at a time those marked
+# whole_host, which measure the host (its disk, a CPU), lease its GPU inventory or time
+# themselves, and so must not share it with another test.
+ALONE = ("ray", "e2e", "whole_host")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by mark

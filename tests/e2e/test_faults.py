@@ -32,7 +32,8 @@ from tests.conftest import build_world
 from tests.e2e.conftest import Worker, start_worker
 from tests.e2e.servers import Api, RayHead, RedisServer, wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.ray]
+# Submissions during an outage must answer within a bound: not while another test loads the CPUs.
+pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.whole_host]
 
 ORG = "/api/v1/orgs/acme/"
 WS = ORG + "workspaces/ml/"

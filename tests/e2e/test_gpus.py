@@ -17,7 +17,8 @@ from tests.conftest import build_world
 from tests.e2e.conftest import start_launch_worker
 from tests.e2e.test_launch import TERMINAL, WS, make_template, py, submit, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.ray]
+# The GPU inventory's devices are leased host-wide: no other test may hold one meanwhile.
+pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.whole_host]
 
 
 def show_devices(then_sleep: int) -> str:

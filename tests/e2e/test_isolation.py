@@ -38,7 +38,8 @@ from tests.e2e.test_launch import (
 from tests.netns import private_host
 from workspaces import services as ws_services
 
-pytestmark = [pytest.mark.e2e, pytest.mark.ray]
+# The host's disk is measured before and after: no other test may write to it meanwhile.
+pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.whole_host]
 
 # Runs in globex's cluster. Each probe prints "BLOCKED <name>" or "ESCAPED <name>: <what>".
 PROBE = r"""

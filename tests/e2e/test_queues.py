@@ -25,7 +25,8 @@ from tests.notifications.conftest import Receiver
 from workspaces import compute_targets
 from workspaces import services as ws_services
 
-pytestmark = [pytest.mark.e2e]
+# A launch must not wait behind deliveries: timed, so not while another test loads the CPUs.
+pytestmark = [pytest.mark.e2e, pytest.mark.whole_host]
 
 SLOW = 1.0  # seconds the receiver takes to answer each delivery
 

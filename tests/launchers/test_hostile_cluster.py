@@ -26,6 +26,9 @@ from tests.launchers.hostile_dashboard import (
     ray_version,
 )
 
+# Every read must end within its deadline plus a small margin: timed, on quiet CPUs.
+pytestmark = pytest.mark.whole_host
+
 DEADLINE = 2.0
 MARGIN = 1.5  # thread scheduling and connection set-up, on a busy 2-core machine
 MIB = 1024**2

@@ -26,6 +26,9 @@ from jobs.launchers.local.sandbox import Sandbox
 from jobs.launchers.local.startup import listening_in
 from tests.launchers.test_local_launcher import spec
 
+# A worker's CPU is measured, and the GPU inventory's devices are leased host-wide.
+pytestmark = pytest.mark.whole_host
+
 SPIN = (
     'python -c "import ray, time; ray.init(); '
     "f = ray.remote(num_cpus=1)(lambda: __import__('os').system("

@@ -30,6 +30,9 @@ from jobs.launchers.local.leases import (
 SANDBOX_INIT = os.path.join(os.path.dirname(seccomp.__file__), "sandbox_init.py")
 MIB = 1024**2
 
+# The host's disk is measured before and after, and GPU and uid leases are host-wide.
+pytestmark = pytest.mark.whole_host
+
 # Runs as a child: loads the filter the way a node's door does, then tries each call.
 FILTERED = textwrap.dedent(
     """
