@@ -5,7 +5,8 @@ organisation, developer, token and template), after ``--warm`` submissions that 
     BENCH_SUBMIT_DB=… .venv/bin/python bench/profile_submit.py [--posts 200] [--top 40]
 
 Prints the mean wall time of a job POST and of the bare insert (bench/bare.py), each with the
-CPU time this process spent on it (Python: serialisers, the ORM, … but not PostgreSQL), then the
+CPU time this process spent on it (Python: serialisers, the ORM, …) and, with PostgreSQL on
+this machine, the CPU time its backend spent on it (the database's side), then the
 top entries by cumulative time and by own time. ``--out FILE`` also writes the raw profile (for
 pstats, snakeviz, …); ``--sampling`` profiles with pyinstrument instead (a call tree of wall
 time; PROFILE_SHOW_ALL=1 shows the libraries' frames too). Run it from the repository's root:
@@ -23,6 +24,22 @@ import pstats
 import time
 
 from submit import queue_in_bulk, set_up
+
+
+def database_cpu() -> tuple[int, float] | None:
+    """(pid, seconds of CPU) of this process's PostgreSQL backend, read from /proc: the
+    database's share of a request, when the server runs on this machine (else None)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        [pid] = cursor.fetchone()
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return pid, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def main() -> None:
@@ -51,22 +68,29 @@ def main() -> None:
         response = client.post(path, body, content_type="application/json")
         assert response.status_code == 201, response.content
 
-    def timed(path: str, body: dict) -> tuple[float, float]:
-        """Mean wall and CPU (this process: Python, not the database) ms of a POST."""
+    def timed(path: str, body: dict) -> tuple[float, float, float | None]:
+        """Mean wall and CPU (this process: Python, not the database) ms of a POST, and the
+        CPU ms its PostgreSQL backend spent (None when the server's /proc is not this one's)."""
         for _ in range(options.warm):
             post(path, body)
+        backend = database_cpu()
         wall, cpu = time.perf_counter(), time.process_time()
         for _ in range(options.posts):
             post(path, body)
         spent = time.perf_counter() - wall, time.process_time() - cpu
-        return spent[0] / options.posts * 1000, spent[1] / options.posts * 1000
+        after = database_cpu()
+        database = None
+        if backend and after and backend[0] == after[0]:  # the same connection throughout
+            database = (after[1] - backend[1]) / options.posts * 1000
+        return spent[0] / options.posts * 1000, spent[1] / options.posts * 1000, database
 
     bare = timed("/bench/bare/", world["bare_body"])
     job = timed(world["path"], world["job_body"])
     # a figure per label, as bench/compare.py reads them
     print(f"mean of {options.posts} POSTs, not profiled")
-    print(f"job POST: wall {job[0]:.2f} ms, CPU here {job[1]:.2f} ms")
-    print(f"bare DRF insert: wall {bare[0]:.2f} ms, CPU here {bare[1]:.2f} ms")
+    for label, (wall, cpu, database) in (("job POST", job), ("bare DRF insert", bare)):
+        line = f"{label}: wall {wall:.2f} ms, CPU here {cpu:.2f} ms"
+        print(line if database is None else f"{line}, PostgreSQL backend CPU {database:.2f} ms")
     if options.means_only:
         return
     if options.sampling:
