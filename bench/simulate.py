@@ -45,8 +45,9 @@ Per policy it prints:
   a relative error of a wait near 0 means nothing);
 - the replay's speed: simulated jobs ÷ wall seconds of the replay (predictions not counted).
 
-``--diagnose`` breaks the prediction error down (overtaken or not, early or late, and by the GPU
-releases each job waited for, beside the least error any point prediction could have had);
+``--diagnose`` breaks the prediction error down (overtaken or not, early or late, started before
+or after the trace's last submission, and by the GPU releases each job waited for, beside the
+least error any point prediction could have had);
 ``--jain-bound`` adds the most Jain's index could have been with the jobs present at each
 moment, each whole, and each workspace's part in what was lost (docs/simulation.md).
 """
@@ -698,6 +699,10 @@ def diagnosis(result: Result, trace: Trace, predicted: dict[int, float | None], 
     counts: dict[str, list[tuple[int, int]]] = defaultdict(list)  # (expected, actual)
     by_releases: dict[int, list[float]] = defaultdict(list)  # GPU releases waited → |error|
     releases = result.releases
+    # A trace ends: its last jobs start while nobody submits any more, which no prediction
+    # made from the submissions so far expects (a live organisation goes on submitting).
+    last_arrival = max(task.arrival for task in tasks)
+    by_arrivals: dict[bool, list[float]] = defaultdict(list)  # started after the last? → |error|
     for i, guess in predicted.items():
         if guess is None or starts[i] is None:
             continue
@@ -721,6 +726,7 @@ def diagnosis(result: Result, trace: Trace, predicted: dict[int, float | None], 
             releases, tasks[i].arrival
         )
         by_releases[waited_for].append(abs(error))
+        by_arrivals[starts[i] > last_arrival].append(abs(error))
     lines = []
     for name in ("not overtaken", "overtaken"):
         errors = sorted(groups.get(name, []))
@@ -738,6 +744,14 @@ def diagnosis(result: Result, trace: Trace, predicted: dict[int, float | None], 
                     f"later jobs that went first, median: {statistics.median(expected):g} "
                     f"expected, {statistics.median(actual):g} did"
                 )
+    for drained in (False, True):
+        errors = sorted(by_arrivals.get(drained, []))
+        if errors:
+            lines.append(
+                f"    started {'after' if drained else 'before'} the trace's last submission: "
+                f"{len(errors)} jobs, |error| p50 "
+                f"{percentile(errors, 50):.0%}, p90 {percentile(errors, 90):.0%}"
+            )
     lines.extend(_release_floor(by_releases, releases))
     return "\n".join([f"  {result.policy}: where the error comes from", *lines])
 

@@ -4,6 +4,7 @@ admission pass under every policy gives sane figures, and the OpenB loader reads
 from __future__ import annotations
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -70,6 +71,12 @@ def test_the_diagnosis_sets_expected_overtakers_against_actual_ones():
     report = diagnosis(result, trace, result.predicted, 1.0)
     assert "later jobs that went first, median:" in report
     assert "the least a point prediction could miss by" in report
+    # Every sampled job that waited is counted once, by whether it started before or after
+    # the trace's last submission.
+    waited = re.findall(r"^    (?:not )?overtaken: (\d+) jobs", report, re.M)
+    split = re.findall(r"^    started (?:before|after) the trace's last submission: (\d+) jobs",
+                       report, re.M)  # fmt: skip
+    assert waited and split and sum(map(int, split)) == sum(map(int, waited))
 
 
 @pytest.mark.django_db
