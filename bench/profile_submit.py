@@ -35,6 +35,9 @@ def database_cpu() -> tuple[int, float] | None:
         cursor.execute("SELECT pg_backend_pid()")
         [pid] = cursor.fetchone()
     try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if not f.read().startswith(b"postgres"):  # the server runs elsewhere: another pid
+                return None
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
